@@ -1,0 +1,19 @@
+"""specbook: speculative decoding from first principles.
+
+The package behind the specbook textbook. Notation (fixed everywhere): q is the target
+model's distribution, p the draft's, K the draft length, alpha the acceptance rate and c
+the draft's cost per token relative to the target's.
+"""
+
+from .decoding import Generation, Stats, Step, autoregressive_generate, speculative_generate
+from .drafters import Draft, Drafter, ModelDrafter
+from .models import ModelPair, load_pair
+from .rejection import acceptance_rate, output_distribution, residual_distribution, verify_chain
+from .sampling import Sampler
+from .theory import expected_tokens_per_step, optimal_k, speedup
+
+__all__ = [
+    "Draft", "Drafter", "Generation", "ModelDrafter", "ModelPair", "Sampler", "Stats", "Step",
+    "acceptance_rate", "autoregressive_generate", "expected_tokens_per_step", "load_pair", "optimal_k",
+    "output_distribution", "residual_distribution", "speculative_generate", "speedup", "verify_chain",
+]
