@@ -1,0 +1,186 @@
+"""Autoregressive and speculative generation, batch of one, with rolled-back KV caches.
+
+`autoregressive_generate` is Algorithm 1 of the book: one target call per token.
+`speculative_generate` is speculative sampling (Leviathan et al. 2023, Algorithm 1; Chen et al.
+2023, Algorithm 2): a drafter proposes up to K tokens, one target call scores all of them, and
+`specbook.rejection.verify_chain` keeps the longest accepted prefix plus one corrected or bonus
+token -- so every step emits between 1 and K + 1 tokens, and the output follows the target's
+(warped) distribution exactly.
+
+Both loops keep the same bookkeeping: the target's KV cache holds every committed token except
+the last one, which is "pending" and is fed first in the next call. Verification feeds
+[pending, d_1, ..., d_K] (K + 1 positions) and gets q_1 ... q_{K+1} back; rollback then crops the
+rejected drafts off the cache, so the prefix is never recomputed.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .cache import new_cache, rollback
+from .drafters import Drafter, ModelDrafter
+from .rejection import verify_chain
+from .sampling import Sampler
+
+
+@dataclass
+class Step:
+    """One verification step: what was drafted, how much of it the target kept, and what it added."""
+
+    drafted: list[int]
+    accepted: int
+    next_token: int
+    bonus: bool  # True when every draft was accepted and next_token is the free extra token
+
+
+@dataclass
+class Stats:
+    target_calls: int  # target forward passes after the prompt's prefill
+    draft_calls: int  # drafter forward passes (0 for model-free drafters)
+    acceptance_rate: float  # accepted / (accepted + rejected) drafts: the alpha of chapter 3
+    tokens_per_step: float  # new tokens per target call
+    seconds: float  # wall time of the whole generation, prefill included
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]  # the new tokens only
+    stats: Stats
+    steps: list[Step] = field(default_factory=list)
+    text: str | None = None
+
+
+def _check_inputs(model, input_ids, max_new_tokens):
+    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[0] != 1:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise ValueError(f"input_ids must be a (1, T) tensor of token ids, a batch of one (got {shape})")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids must not be empty: give a prompt of at least one token")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
+    context = getattr(model.config, "max_position_embeddings", None)
+    if context is not None and input_ids.shape[1] + max_new_tokens > context:
+        raise ValueError(f"the prompt ({input_ids.shape[1]} tokens) plus max_new_tokens ({max_new_tokens}) must fit "
+                         f"the model's context of {context} tokens")
+    if input_ids.device != model.device:
+        raise ValueError(f"input_ids are on {input_ids.device} but the model is on {model.device}: move them with .to()")
+
+
+def _vocab_size(model) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def _generator(seed, device):
+    return None if seed is None else torch.Generator(device).manual_seed(seed)
+
+
+def _prefill(model, input_ids):
+    """Fill a new cache with all prompt tokens but the last, which is returned as pending."""
+    cache = new_cache(model)
+    if input_ids.shape[1] > 1:
+        model(input_ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return cache, input_ids[0, -1:].tolist()
+
+
+def _finish(token_ids, eos_token_id, tokenizer):
+    """Cut after the first end-of-sequence token; decode when a tokenizer is known."""
+    if eos_token_id is not None and eos_token_id in token_ids:
+        token_ids = token_ids[: token_ids.index(eos_token_id) + 1]
+    return token_ids, (tokenizer.decode(token_ids) if tokenizer is not None else None)
+
+
+@torch.inference_mode()
+def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(), seed=None, eos_token_id=None,
+                            tokenizer=None) -> Generation:
+    """Algorithm 1: one target call per new token. ``input_ids`` is (1, T)."""
+    _check_inputs(model, input_ids, max_new_tokens)
+    generator = _generator(seed, model.device)
+    started = time.perf_counter()
+    cache, pending = _prefill(model, input_ids)
+    vocab = _vocab_size(model)
+    token_ids = []
+    while len(token_ids) < max_new_tokens and (not token_ids or token_ids[-1] != eos_token_id):
+        logits = model(torch.tensor([pending], device=model.device), past_key_values=cache, use_cache=True,
+                       logits_to_keep=1).logits[0, -1, :vocab]  # (vocab,)
+        pending = [int(sampler.sample(sampler.probs(logits), generator))]
+        token_ids.append(pending[0])
+    token_ids, text = _finish(token_ids, eos_token_id, tokenizer)
+    stats = Stats(len(token_ids), 0, float("nan"), 1.0, time.perf_counter() - started)
+    return Generation(token_ids, stats, text=text)
+
+
+def _as_drafter(drafter, target):
+    if isinstance(drafter, torch.nn.Module):
+        drafter = ModelDrafter(drafter)
+    if not isinstance(drafter, Drafter):
+        raise ValueError(f"drafter must be a Drafter (e.g. ModelDrafter(draft_model)) or a model "
+                         f"(got {type(drafter).__name__})")
+    if isinstance(drafter, ModelDrafter):
+        _check_same_vocabulary(target, drafter.model)
+    return drafter
+
+
+def _check_same_vocabulary(target, draft):
+    """Refuse a draft whose tokenizer is not the target's; tolerate padding rows in the logits."""
+    if draft.device != target.device:
+        raise ValueError(f"the draft model is on {draft.device} but the target is on {target.device}: "
+                         "put both on the same device")
+    same_specials = all(getattr(target.config, name, None) == getattr(draft.config, name, None)
+                        for name in ("bos_token_id", "eos_token_id"))
+    widths = _vocab_size(target), _vocab_size(draft)
+    # Real pairs pad the embedding matrix to a multiple of 64 or 128; beyond that the vocabularies differ.
+    if not same_specials or abs(widths[0] - widths[1]) >= 128:
+        raise ValueError(f"the draft must share the target's tokenizer (target vocabulary {widths[0]}, "
+                         f"draft {widths[1]}; special tokens {'agree' if same_specials else 'differ'})")
+
+
+@torch.inference_mode()
+def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sampler=Sampler(), seed=None,
+                         eos_token_id=None, tokenizer=None) -> Generation:
+    """Speculative sampling: draft up to ``k`` tokens, verify them with one target call, repeat.
+
+    ``drafter`` is a `Drafter` (or a draft model, wrapped in `ModelDrafter`). The output follows
+    the target's distribution under ``sampler`` exactly; greedily it equals
+    `autoregressive_generate` token for token. ``input_ids`` is (1, T).
+    """
+    _check_inputs(target, input_ids, max_new_tokens)
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1 (got {k!r})")
+    drafter = _as_drafter(drafter, target)
+    generator = _generator(seed, target.device)
+    started = time.perf_counter()
+    cache, pending = _prefill(target, input_ids)
+    drafter.start(input_ids)
+    vocab = min(_vocab_size(target), getattr(drafter, "vocab_size", _vocab_size(target)))
+    token_ids, steps = [], []
+    while len(token_ids) < max_new_tokens and (not token_ids or token_ids[-1] != eos_token_id):
+        budget = min(k, max_new_tokens - len(token_ids) - 1)  # a step emits up to budget + 1 tokens
+        draft = drafter.propose(budget, sampler, generator) if budget > 0 else None
+        drafted = draft.tokens if draft is not None else torch.empty(0, dtype=torch.long, device=target.device)
+        inputs = torch.cat([torch.tensor(pending, device=target.device), drafted])[None]  # (1, n + 1)
+        logits = target(inputs, past_key_values=cache, use_cache=True).logits[0, -inputs.shape[1]:, :vocab]
+        target_probs = sampler.probs(logits)  # (n + 1, vocab)
+        if len(drafted):
+            draft_probs = draft.probs[:, :vocab] if draft.probs is not None else \
+                torch.nn.functional.one_hot(drafted, vocab).float()
+            accepted, next_token, bonus = verify_chain(drafted, draft_probs, target_probs, generator, validate=False)
+        else:
+            accepted, next_token, bonus = 0, int(sampler.sample(target_probs[0], generator)), False
+        rollback(cache, len(drafted) - accepted)
+        drafter.update(accepted, next_token)
+        drafted_ids = drafted.tolist()
+        steps.append(Step(drafted_ids, accepted, next_token, bonus))
+        token_ids += drafted_ids[:accepted] + [next_token]
+        pending = [next_token]
+    token_ids, text = _finish(token_ids, eos_token_id, tokenizer)
+    accepted = sum(step.accepted for step in steps)
+    rejected = sum(step.accepted < len(step.drafted) for step in steps)
+    stats = Stats(
+        target_calls=len(steps),
+        draft_calls=getattr(drafter, "calls", 0),
+        acceptance_rate=accepted / (accepted + rejected) if accepted + rejected else float("nan"),
+        tokens_per_step=len(token_ids) / len(steps),
+        seconds=time.perf_counter() - started,
+    )
+    return Generation(token_ids, stats, steps, text)

@@ -1,0 +1,10 @@
+"""Drafters: everything that proposes tokens for the target to verify.
+
+Every drafter implements the one `Drafter` interface, so the verifier in `specbook.decoding`
+is written once: a model drafter, n-gram / prompt-lookup drafters, Medusa and EAGLE heads.
+"""
+
+from .base import Draft, Drafter
+from .model import ModelDrafter
+
+__all__ = ["Draft", "Drafter", "ModelDrafter"]

@@ -1,0 +1,42 @@
+"""The interface between a drafter and the verifier.
+
+A generation is a conversation: the engine calls ``start`` once with the prompt, then for every
+step ``propose`` (up to k tokens, with the distributions they were drawn from) and ``update``
+(how many the target accepted and which token it emitted next), so the drafter can roll its
+state back to the accepted prefix and extend it.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Draft:
+    """Proposed tokens (n,) and the draft distributions p they were drawn from (n, vocab).
+
+    ``probs`` is None for a deterministic drafter (n-grams, prompt lookup): its p is one-hot on
+    each proposed token, and the accept rule min(1, q/p) becomes "accept with probability q(x)".
+    """
+
+    tokens: torch.Tensor  # (n,) long
+    probs: torch.Tensor | None = None  # (n, vocab) or None
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+
+class Drafter:
+    """What the engine needs from a drafter. Subclasses override all three methods."""
+
+    def start(self, input_ids: torch.Tensor) -> None:
+        """Begin a generation on a (1, T) prompt."""
+        raise NotImplementedError
+
+    def propose(self, k: int, sampler, generator: torch.Generator | None) -> Draft:
+        """Propose up to ``k`` tokens continuing the current context (fewer, even none, is allowed)."""
+        raise NotImplementedError
+
+    def update(self, num_accepted: int, next_token: int) -> None:
+        """The target kept the first ``num_accepted`` proposed tokens, then emitted ``next_token``."""
+        raise NotImplementedError

@@ -1,0 +1,66 @@
+"""Turning logits into the distribution a token is drawn from: greedy, temperature, top-k, top-p.
+
+Speculative sampling is lossless with respect to whatever distribution the target's logits are
+warped into, provided the draft's logits go through the *same* warp (Leviathan et al. 2023,
+Section 3.1: "the standard sampling methods ... can be seen as sampling from an adjusted
+distribution"). So the `Sampler` is one object applied to both models.
+
+The warp follows Hugging Face's order and meaning so that `Sampler(t, k, p)` and
+`model.generate(do_sample=True, temperature=t, top_k=k, top_p=p)` sample the same distribution:
+divide by the temperature, keep the logits at least as large as the k-th largest (ties kept),
+then keep the smallest set of most likely tokens whose probability reaches top_p (nucleus
+sampling, Holtzman et al. 2020). Temperature 0 means greedy: a one-hot distribution on the argmax,
+which turns the accept rule min(1, q/p) into "accept while the draft equals the target's argmax".
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """How a token is chosen from logits. ``Sampler()`` samples at temperature 1; ``Sampler(0)`` is greedy."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
+            raise ValueError(f"temperature must be a number >= 0 (got {self.temperature!r}); 0 means greedy")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ValueError(f"top_k must be an integer >= 1 or None (got {self.top_k!r})")
+        if self.top_p is not None and (not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1] or None (got {self.top_p!r})")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def warp(self, logits: torch.Tensor) -> torch.Tensor:
+        """Temperature, then top-k, then top-p, on logits (..., vocab); removed tokens get -inf."""
+        logits = logits.float() / self.temperature
+        if self.top_k is not None and self.top_k < logits.shape[-1]:
+            kth_largest = torch.topk(logits, self.top_k).values[..., -1:]  # (..., 1)
+            logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+        if self.top_p is not None and self.top_p < 1:
+            sorted_logits, order = torch.sort(logits, descending=False)
+            cumulative = sorted_logits.softmax(-1).cumsum(-1)  # mass of this token and all less likely ones
+            remove_sorted = cumulative <= 1 - self.top_p
+            remove_sorted[..., -1] = False  # the most likely token always stays
+            logits = logits.masked_fill(remove_sorted.scatter(-1, order, remove_sorted), float("-inf"))
+        return logits
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution a token is drawn from: (..., vocab) logits -> (..., vocab) probabilities."""
+        if self.greedy:
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        return self.warp(logits).softmax(-1)
+
+    def sample(self, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """One token per row of ``probs`` (..., vocab) -> (...) token ids."""
+        if self.greedy:
+            return probs.argmax(-1)
+        flat = probs.reshape(-1, probs.shape[-1])
+        return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
