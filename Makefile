@@ -6,8 +6,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb) $(wildcard exercises/solutions/*.ipynb))
+# The browser test's Chromium (Debian's, installed by `make chromium`); or point it at another.
+CHROMIUM ?= /usr/bin/chromium
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup book test unit nbval book-strict notebooks clean
+.PHONY: setup book test unit nbval book-strict browser chromium notebooks clean
 
 setup: $(STAMP)
 
@@ -22,10 +25,10 @@ book: setup
 	$(BIN)/jupyter-book build . --path-output .
 	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
 
-test: unit nbval book-strict
+test: unit nbval book-strict browser
 
 unit: setup
-	$(BIN)/python -m pytest tests -q
+	$(BIN)/python -m pytest tests -q --ignore=tests/browser
 
 nbval: setup
 	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg -q $(NOTEBOOKS)
@@ -33,9 +36,24 @@ nbval: setup
 book-strict: setup
 	$(BIN)/jupyter-book build . --path-output . --warningiserror --nitpick --keep-going
 
+# The built book in headless Chromium, served on 127.0.0.1: every page without console errors,
+# failed requests or broken images, the live figures' sliders, the Colab links.
+# Screenshots go to _build/screenshots/.
+browser: book-strict chromium
+	SPECBOOK_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests/browser -q
+
+# Debian's Chromium for `make browser`, installed only where it is missing (CI runs as root on
+# a fresh machine, so apt-get needs no sudo there).
+chromium:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  echo "Installing Debian's chromium for the browser test"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-liberation fonts-dejavu-core; \
+	fi
+
 # Re-execute every notebook in place, top to bottom (after changing what they import).
 notebooks: setup
-	for nb in $(NOTEBOOKS); do $(BIN)/jupyter-execute --inplace "$$nb" || exit 1; done
+	$(BIN)/python scripts/run_notebooks.py $(NOTEBOOKS)
 
 clean:
 	rm -rf _build

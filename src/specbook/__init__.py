@@ -5,6 +5,7 @@ model's distribution, p the draft's, K the draft length, alpha the acceptance ra
 the draft's cost per token relative to the target's.
 """
 
+from . import display  # noqa: F401  (registers and enables the "specbook" Altair renderer)
 from .decoding import Generation, Stats, Step, autoregressive_generate, speculative_generate
 from .drafters import Draft, Drafter, ModelDrafter
 from .models import ModelPair, load_pair

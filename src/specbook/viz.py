@@ -1,0 +1,449 @@
+"""The book's figures: small functions that return a matplotlib Figure or an Altair chart.
+
+Matplotlib figures are built on `matplotlib.figure.Figure`, not on pyplot, so no function here
+touches global state: a notebook shows a figure by making it the last expression of a cell (or
+with `display(fig)`), and nothing is drawn twice.
+
+The Altair charts stay live in the static HTML book: their sliders are Vega-Lite parameters and
+every formula is a Vega expression evaluated in the reader's browser. Each expression is built
+by one Python helper below (`tokens_per_step_expression`, `speedup_expression`, ...), so the
+formula exists once; the tests evaluate those strings and compare them with `specbook.theory`
+and `specbook.rejection`.
+
+Notation as everywhere in the book: q is the target distribution, p the draft's, K the draft
+length, alpha the acceptance rate, c the draft's cost per token relative to the target's.
+"""
+
+from collections.abc import Mapping, Sequence
+
+import altair as alt
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
+
+from specbook import theory
+from specbook.rejection import check_distribution
+
+# One palette for the whole book: accepted / residual (corrected) / rejected / target / draft.
+COLORS = {
+    "accepted": "#4C78A8",  # area 1: min(p, q)
+    "residual": "#F58518",  # area 2: (q - p)+
+    "rejected": "#B0B0B0",  # (p - q)+: drafted, then rejected
+    "target": "#000000",
+    "draft": "#E45756",
+}
+SERIES = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2", "#9D755D"]
+
+
+# --------------------------------------------------------------------------------------------
+# Vega expressions: the formulas the live charts evaluate in the browser, written once here.
+# Arguments are Vega expression strings (a parameter name, a `datum.field`, or a number).
+# --------------------------------------------------------------------------------------------
+
+def tokens_per_step_expression(alpha: str, k: str) -> str:
+    """Vega expression for expected tokens per target call, (1 - alpha^(K+1)) / (1 - alpha).
+
+    Equals `specbook.theory.expected_tokens_per_step`; at alpha = 1 the closed form is 0/0 and
+    the expression returns the limit K + 1, as theory does.
+    """
+    return f"if(({alpha}) == 1, ({k}) + 1, (1 - pow({alpha}, ({k}) + 1)) / (1 - ({alpha})))"
+
+
+def speedup_expression(alpha: str, k: str, cost_ratio: str) -> str:
+    """Vega expression for the wall-time speedup E / (c K + 1), as `specbook.theory.speedup`."""
+    return f"({tokens_per_step_expression(alpha, k)}) / (({cost_ratio}) * ({k}) + 1)"
+
+
+def mix_expression(draft: str, target: str, weight: str) -> str:
+    """Vega expression for the mixed draft p_lambda = (1 - lambda) p + lambda q at one token."""
+    return f"(1 - ({weight})) * ({draft}) + ({weight}) * ({target})"
+
+
+def accepted_expression(draft: str, target: str) -> str:
+    """Vega expression for min(p, q) at one token: area 1, the mass accepted straight away."""
+    return f"min({draft}, {target})"
+
+
+def residual_expression(draft: str, target: str) -> str:
+    """Vega expression for (q - p)+ at one token: area 2, the mass the residual fills."""
+    return f"max(({target}) - ({draft}), 0)"
+
+
+def rejected_expression(draft: str, target: str) -> str:
+    """Vega expression for (p - q)+ at one token: the draft mass that gets rejected."""
+    return f"max(({draft}) - ({target}), 0)"
+
+
+# --------------------------------------------------------------------------------------------
+# Input checks
+# --------------------------------------------------------------------------------------------
+
+def _as_distribution(probs, name: str) -> np.ndarray:
+    """A 1-D probability vector as float64 numpy, or ValueError naming the argument."""
+    tensor = torch.as_tensor(probs, dtype=torch.float64)
+    if tensor.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D probability vector (got shape {tuple(tensor.shape)})")
+    check_distribution(tensor, name)
+    return tensor.numpy()
+
+
+def _token_labels(tokens, vocab: int) -> list[str]:
+    """Token labels for the x axis: the given names, or the token ids."""
+    if tokens is None:
+        return [str(i) for i in range(vocab)]
+    labels = [str(token) for token in tokens]
+    if len(labels) != vocab:
+        raise ValueError(f"tokens must name every entry of the vocabulary "
+                         f"(got {len(labels)} names for {vocab} entries)")
+    return labels
+
+
+def _as_list(values, name: str) -> list[float]:
+    """A float or a sequence of floats as a non-empty list."""
+    array = np.atleast_1d(np.asarray(values, dtype=float))
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(f"{name} must be a number or a non-empty 1-D sequence of numbers")
+    return array.tolist()
+
+
+# --------------------------------------------------------------------------------------------
+# Chapter 2: the area-1 / area-2 picture
+# --------------------------------------------------------------------------------------------
+
+def area_plot(target_probs, draft_probs, tokens: Sequence[str] | None = None, *,
+              ax=None, title: str | None = None, legend: bool = True):
+    """Draw q and p over the vocabulary and shade where each emitted token comes from.
+
+    For each token x the bar of q(x) is split exactly into two shaded pieces:
+    area 1, min(p(x), q(x)) (blue, gid "accepted"): drafted and accepted; the pieces total alpha.
+    area 2, (q(x) - p(x))+ (orange, gid "residual"): filled by the residual; total 1 - alpha.
+    The part of p above q, (p(x) - q(x))+, is hatched grey (gid "rejected"): drafted, then
+    rejected; it also totals 1 - alpha, the mass that area 2 hands back to q.
+    q is outlined in black, p is a dashed red line. Every bar has width 1, so a patch's area is
+    its height.
+
+    target_probs, draft_probs: 1-D probability vectors (torch or numpy) of the same length.
+    tokens: optional names for the x axis. ax: draw into this matplotlib Axes instead of a new
+    figure. Returns the Figure.
+    """
+    target = _as_distribution(target_probs, "target_probs")
+    draft = _as_distribution(draft_probs, "draft_probs")
+    if target.shape != draft.shape:
+        raise ValueError("target_probs and draft_probs must have the same shape "
+                         f"(got {target.shape} and {draft.shape})")
+    labels = _token_labels(tokens, target.shape[0])
+    if ax is None:
+        fig = Figure(figsize=(max(5.0, 0.75 * len(labels) + 2.5), 3.6), layout="constrained")
+        ax = fig.subplots()
+    fig = ax.figure
+
+    accepted = np.minimum(draft, target)  # area 1
+    residual = np.clip(target - draft, 0, None)  # area 2
+    rejected = np.clip(draft - target, 0, None)  # drafted, then rejected
+    alpha = float(accepted.sum())
+    x = np.arange(len(labels))
+
+    ax.bar(x, accepted, width=1.0, color=COLORS["accepted"], edgecolor="none", gid="accepted",
+           label=f"area 1: min(p, q), total α = {alpha:.3f}")
+    ax.bar(x, residual, bottom=accepted, width=1.0, color=COLORS["residual"], edgecolor="none",
+           gid="residual", label=f"area 2: (q − p)+, total 1 − α = {1 - alpha:.3f}")
+    ax.bar(x, rejected, bottom=target, width=1.0, facecolor="none", hatch="///",
+           edgecolor=COLORS["rejected"], linewidth=0, gid="rejected",
+           label=f"rejected: (p − q)+, total 1 − α = {1 - alpha:.3f}")
+    ax.bar(x, target, width=1.0, facecolor="none", edgecolor=COLORS["target"], linewidth=1.5,
+           gid="target", label="q (target)")
+    ax.hlines(draft, x - 0.5, x + 0.5, colors=COLORS["draft"], linestyles="--", linewidth=2,
+              gid="draft", label="p (draft)")
+
+    ax.set_xticks(x, labels)
+    ax.set_xlim(-0.6, len(labels) - 0.4)
+    ax.set_ylim(0, 1.12 * max(target.max(), draft.max()))
+    ax.set_ylabel("probability")
+    ax.set_title(title if title is not None else f"α = Σ min(p, q) = {alpha:.3f}")
+    if legend:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
+    return fig
+
+
+def area_chart(target_probs, draft_probs, tokens: Sequence[str] | None = None, *,
+               weight: float = 0.0, width: int = 360, height: int = 220) -> alt.LayerChart:
+    """The area picture as a live Altair chart, with a slider that moves the draft toward q.
+
+    The slider is the Vega-Lite parameter `mix_weight` (lambda in [0, 1]); the chart draws
+    p_lambda = (1 - lambda) p + lambda q against q, shading min(p_lambda, q) (area 1) and
+    (q - p_lambda)+ (area 2), with the part of p_lambda above q in grey and
+    alpha = sum min(p_lambda, q) written above the plot. Everything is computed in the browser
+    by the expressions built by `mix_expression`, `accepted_expression`, `residual_expression`
+    and `rejected_expression`.
+    """
+    target = _as_distribution(target_probs, "target_probs")
+    draft = _as_distribution(draft_probs, "draft_probs")
+    if target.shape != draft.shape:
+        raise ValueError("target_probs and draft_probs must have the same shape "
+                         f"(got {target.shape} and {draft.shape})")
+    if not 0 <= weight <= 1:
+        raise ValueError(f"weight must be in [0, 1] (got {weight:g})")
+    labels = _token_labels(tokens, target.shape[0])
+    rows = [{"token": label, "order": i, "draft": float(d), "target": float(t)}
+            for i, (label, d, t) in enumerate(zip(labels, draft, target))]
+
+    mix_weight = alt.param(name="mix_weight", value=weight, bind=alt.binding_range(
+        min=0, max=1, step=0.01, name="λ (p_λ = (1 − λ) p + λ q) "))
+    base = alt.Chart().transform_calculate(
+        mixed=mix_expression("datum.draft", "datum.target", "mix_weight"),
+    ).transform_calculate(
+        accepted=accepted_expression("datum.mixed", "datum.target"),
+        residual=residual_expression("datum.mixed", "datum.target"),
+        rejected=rejected_expression("datum.mixed", "datum.target"),
+    ).transform_calculate(
+        zero="0",
+        accepted_top="datum.accepted + datum.residual",
+        rejected_top="datum.target + datum.rejected",
+    )
+    x = alt.X("token:N", sort=labels, title=None, axis=alt.Axis(labelAngle=0))
+    y_scale = alt.Scale(domain=[0, round(1.1 * float(max(target.max(), draft.max())), 3)])
+    names = ["area 1: min(p_λ, q)", "area 2: (q − p_λ)+", "rejected: (p_λ − q)+"]
+    pieces = dict(zip(names, (COLORS["accepted"], COLORS["residual"], COLORS["rejected"])))
+    color_scale = alt.Scale(domain=list(pieces), range=list(pieces.values()))
+
+    def piece(name, low, high):
+        return base.transform_calculate(piece=f"'{name}'").mark_bar(
+            opacity=0.9 if "rejected" not in name else 0.5).encode(
+            x=x, y=alt.Y(f"{low}:Q", title="probability", scale=y_scale), y2=f"{high}:Q",
+            color=alt.Color("piece:N", scale=color_scale, title=None,
+                            legend=alt.Legend(orient="bottom", direction="horizontal")),
+            tooltip=["token:N", alt.Tooltip("target:Q", title="q", format=".3f"),
+                     alt.Tooltip("mixed:Q", title="p_λ", format=".3f")])
+
+    accepted = piece(names[0], "zero", "accepted")
+    residual = piece(names[1], "accepted", "accepted_top")
+    rejected = piece(names[2], "target", "rejected_top")
+    target_outline = base.mark_bar(fill=None, stroke=COLORS["target"], strokeWidth=1.5).encode(
+        x=x, y=alt.Y("target:Q", scale=y_scale))
+    draft_line = base.mark_tick(color=COLORS["draft"], thickness=3, opacity=1,
+                                size=0.9 * width / len(labels)).encode(
+        x=x, y=alt.Y("mixed:Q", scale=y_scale))
+    alpha_text = base.transform_aggregate(alpha="sum(accepted)").transform_calculate(
+        label="'α = Σ min(p_λ, q) = ' + format(datum.alpha, '.3f') + "
+              "',   1 − α = ' + format(1 - datum.alpha, '.3f')",
+    ).mark_text(align="left", baseline="bottom", fontSize=13).encode(
+        text="label:N", x=alt.value(0), y=alt.value(-6))
+    return alt.layer(accepted, residual, rejected, target_outline, draft_line, alpha_text,
+                     data=alt.Data(values=rows)).add_params(mix_weight).properties(
+        width=width, height=height,
+        title=alt.Title("q (black outline) and p_λ (red line)", anchor="start", offset=22),
+        description="Area 1 and area 2: the target q and a draft p_λ mixed toward q by a "
+                    "slider; min(p_λ, q) and (q − p_λ)+ shaded, α written above.")
+
+
+def distributions_plot(distributions: Mapping[str, object], tokens: Sequence[str] | None = None,
+                       *, ax=None, title: str | None = None, ylabel: str = "probability"):
+    """Grouped bars of several distributions over the same vocabulary (e.g. exact vs empirical).
+
+    distributions: name -> 1-D vector (torch or numpy; need not be normalised, e.g. counts
+    divided by runs). Returns the Figure.
+    """
+    if not distributions:
+        raise ValueError("distributions must name at least one distribution")
+    arrays = {name: np.asarray(torch.as_tensor(values, dtype=torch.float64))
+              for name, values in distributions.items()}
+    sizes = {array.shape for array in arrays.values()}
+    if len(sizes) != 1 or len(next(iter(sizes))) != 1:
+        raise ValueError(f"distributions must be 1-D vectors of one length (got shapes {sizes})")
+    labels = _token_labels(tokens, next(iter(sizes))[0])
+    if ax is None:
+        fig = Figure(figsize=(max(5.0, 0.6 * len(labels) * len(arrays) / 2 + 2.5), 3.2),
+                     layout="constrained")
+        ax = fig.subplots()
+    x = np.arange(len(labels))
+    width = 0.8 / len(arrays)
+    for i, (name, values) in enumerate(arrays.items()):
+        ax.bar(x - 0.4 + width * (i + 0.5), values, width=width, label=name,
+               color=SERIES[i % len(SERIES)], gid=name)
+    ax.set_xticks(x, labels)
+    ax.set_ylabel(ylabel)
+    if title is not None:
+        ax.set_title(title)
+    ax.legend(frameon=False, fontsize=8)
+    return ax.figure
+
+
+# --------------------------------------------------------------------------------------------
+# Chapter 3: tokens per call, speedup, optimal K
+# --------------------------------------------------------------------------------------------
+
+def speedup_plot(alpha, cost_ratio: float, k_max: int = 12, k: int | None = None):
+    """Expected tokens per target call and wall-time speedup against K, from `specbook.theory`.
+
+    Left: E(alpha, K) = (1 - alpha^(K+1)) / (1 - alpha) with its limit 1 / (1 - alpha) dashed.
+    Right: speedup E / (c K + 1) with the break-even line at 1 and the best K of each curve
+    marked. alpha may be one number or a sequence (one curve each); cost_ratio is c. k, if
+    given, is highlighted with a vertical line, and for a single alpha its values are written
+    in the titles. Returns the Figure.
+    """
+    alphas = _as_list(alpha, "alpha")
+    if not isinstance(k_max, (int, np.integer)) or k_max < 1:
+        raise ValueError(f"k_max must be an integer >= 1 (got {k_max!r})")
+    if k is not None and not (isinstance(k, (int, np.integer)) and 1 <= k <= k_max):
+        raise ValueError(f"k must be an integer in [1, k_max] = [1, {k_max}] (got {k!r})")
+    ks = np.arange(1, k_max + 1)
+    fig = Figure(figsize=(10, 3.6), layout="constrained")
+    tokens_ax, speedup_ax = fig.subplots(1, 2)
+    for i, value in enumerate(alphas):
+        color = SERIES[i % len(SERIES)]
+        tokens = theory.expected_tokens_per_step(value, ks)
+        gains = theory.speedup(value, ks, cost_ratio)
+        best = theory.optimal_k(value, cost_ratio, k_max=k_max)
+        tokens_ax.plot(ks, tokens, "o-", color=color, markersize=3.5, label=f"α = {value:g}",
+                       gid=f"tokens α={value:g}")
+        if value < 1:
+            tokens_ax.axhline(1 / (1 - value), color=color, linestyle=":", linewidth=1)
+        speedup_ax.plot(ks, gains, "o-", color=color, markersize=3.5, label=f"α = {value:g}",
+                        gid=f"speedup α={value:g}")
+        speedup_ax.plot([best], [gains[best - 1]], marker="*", markersize=13, color=color,
+                        markeredgecolor="black", linestyle="none")
+    speedup_ax.axhline(1, color="black", linewidth=0.8)
+    tokens_ax.set_title("expected tokens per target call")
+    speedup_ax.set_title(f"wall-time speedup, c = {cost_ratio:g} (★ = best K)")
+    if k is not None:
+        for ax in (tokens_ax, speedup_ax):
+            ax.axvline(k, color="grey", linestyle="--", linewidth=1)
+        if len(alphas) == 1:
+            tokens_ax.set_title(f"expected tokens per target call: {theory.expected_tokens_per_step(alphas[0], k):.2f} at K = {k}")
+            speedup_ax.set_title(f"speedup at K = {k}: {theory.speedup(alphas[0], k, cost_ratio):.2f}×"
+                                 f"  (c = {cost_ratio:g}, ★ = best K)")
+    tokens_ax.set_ylabel("tokens per target call")
+    speedup_ax.set_ylabel("speedup over plain decoding")
+    for ax in (tokens_ax, speedup_ax):
+        ax.set_xlabel("K (draft length)")
+        ax.set_xticks(ks if k_max <= 16 else ks[::max(1, k_max // 12)])
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    tokens_ax.legend(frameon=False, fontsize=8)
+    return fig
+
+
+def optimal_k_plot(cost_ratios, alphas=None, k_max: int = 64):
+    """The best draft length and the speedup it buys, against alpha, one curve per c.
+
+    Left: `specbook.theory.optimal_k` over alpha (log scale); right: the speedup at that K.
+    Where alpha <= c no K beats plain decoding (Leviathan et al. Corollary 3.9): those stretches
+    are drawn faint. Returns the Figure.
+    """
+    cost_ratios = _as_list(cost_ratios, "cost_ratios")
+    alphas = np.round(np.linspace(0.05, 0.95, 91), 4) if alphas is None else np.asarray(alphas)
+    fig = Figure(figsize=(10, 3.6), layout="constrained")
+    k_ax, gain_ax = fig.subplots(1, 2)
+    for i, cost_ratio in enumerate(cost_ratios):
+        color = SERIES[i % len(SERIES)]
+        best = np.array([theory.optimal_k(a, cost_ratio, k_max=k_max) for a in alphas])
+        gains = theory.speedup(alphas, best, cost_ratio)
+        useful = gains > 1
+        for ax, values in ((k_ax, best), (gain_ax, gains)):
+            ax.plot(alphas, np.where(useful, values, np.nan), color=color, drawstyle="steps-mid",
+                    label=f"c = {cost_ratio:g}", gid=f"c={cost_ratio:g}")
+            ax.plot(alphas, np.where(useful, np.nan, values), color=color, alpha=0.3,
+                    drawstyle="steps-mid")
+    k_ax.set_yscale("log", base=2)
+    k_ax.yaxis.set_major_formatter(ScalarFormatter())
+    k_ax.set_ylabel("optimal K")
+    k_ax.set_title("the best draft length")
+    gain_ax.axhline(1, color="black", linewidth=0.8)
+    gain_ax.set_ylabel("speedup at the optimal K")
+    gain_ax.set_title("the speedup it buys")
+    for ax in (k_ax, gain_ax):
+        ax.set_xlabel("α (acceptance rate)")
+        ax.grid(alpha=0.3)
+    k_ax.legend(frameon=False, fontsize=8)
+    return fig
+
+
+def curves_plot(x, curves: Mapping[str, object], *, xlabel: str, ylabel: str,
+                title: str | None = None, styles: Mapping[str, str] | None = None):
+    """Several named curves over the same x (e.g. simulated vs predicted), one Figure.
+
+    styles: optional matplotlib format strings per curve name ("o-", "--", ...).
+    """
+    fig = Figure(figsize=(5.5, 3.6), layout="constrained")
+    ax = fig.subplots()
+    for i, (name, values) in enumerate(curves.items()):
+        style = (styles or {}).get(name, "o-")
+        ax.plot(x, np.asarray(values, dtype=float), style, color=SERIES[i % len(SERIES)],
+                markersize=4, label=name, gid=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title is not None:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(frameon=False, fontsize=8)
+    return fig
+
+
+def speedup_chart(alpha: float = 0.8, cost_ratio: float = 0.1, k: int = 4, k_max: int = 16,
+                  *, width: int = 480, height: int = 280) -> alt.LayerChart:
+    """Tokens per target call and speedup against K as a live Altair chart with three sliders.
+
+    The sliders are Vega-Lite parameters `alpha` (0..1), `cost_ratio` (c, 0..1) and `k` (the
+    highlighted K, 1..k_max). The curves E = (1 - alpha^(K+1)) / (1 - alpha) and E / (c K + 1)
+    are Vega expressions built by `tokens_per_step_expression` and `speedup_expression` and
+    evaluated in the browser, so the chart needs no kernel. The best K (largest speedup, the
+    smallest K on ties, as `specbook.theory.optimal_k`) is starred.
+    """
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1] (got {alpha:g})")
+    if not 0 <= cost_ratio <= 1:
+        raise ValueError(f"cost_ratio must be in [0, 1] for the slider (got {cost_ratio:g})")
+    if not (isinstance(k_max, (int, np.integer)) and k_max >= 1):
+        raise ValueError(f"k_max must be an integer >= 1 (got {k_max!r})")
+    if not (isinstance(k, (int, np.integer)) and 1 <= k <= k_max):
+        raise ValueError(f"k must be an integer in [1, k_max] = [1, {k_max}] (got {k!r})")
+    params = [
+        alt.param(name="alpha", value=alpha, bind=alt.binding_range(
+            min=0, max=1, step=0.01, name="α (acceptance rate) ")),
+        alt.param(name="cost_ratio", value=cost_ratio, bind=alt.binding_range(
+            min=0, max=1, step=0.01, name="c (draft cost / target cost) ")),
+        alt.param(name="k", value=int(k), bind=alt.binding_range(
+            min=1, max=int(k_max), step=1, name="K (draft length) ")),
+    ]
+    tokens_name, speedup_name = "tokens per target call", "speedup E / (cK + 1)"
+    base = alt.Chart().transform_calculate(
+        tokens=tokens_per_step_expression("alpha", "datum.K"),
+        speedup=speedup_expression("alpha", "datum.K", "cost_ratio"),
+    )
+    x = alt.X("K:Q", title="K (draft length)", scale=alt.Scale(domain=[1, int(k_max)]),
+              axis=alt.Axis(tickMinStep=1, format="d"))
+    color_scale = alt.Scale(domain=[tokens_name, speedup_name], range=[SERIES[0], SERIES[1]])
+
+    def curve(field, name):
+        return base.transform_calculate(series=f"'{name}'").mark_line(point=True).encode(
+            x=x, y=alt.Y(f"{field}:Q", title="tokens per call  /  speedup (×)"),
+            color=alt.Color("series:N", scale=color_scale, title=None,
+                            legend=alt.Legend(orient="top-left")),
+            tooltip=[alt.Tooltip("K:Q"), alt.Tooltip(f"{field}:Q", format=".3f", title=name)])
+
+    break_even = alt.Chart(alt.Data(values=[{"one": 1}])).mark_rule(
+        color="black", strokeWidth=0.8).encode(y="one:Q")
+    chosen = base.transform_filter("datum.K == k")
+    k_rule = chosen.mark_rule(color="grey", strokeDash=[4, 3]).encode(x=x)
+    k_label = chosen.transform_calculate(
+        label="'K = ' + datum.K + ':  ' + format(datum.tokens, '.2f') + ' tokens per call,  '"
+              " + format(datum.speedup, '.2f') + '× speedup'",
+    ).mark_text(align="left", baseline="bottom", fontSize=12).encode(
+        text="label:N", x=alt.value(0), y=alt.value(-6))
+    best = base.transform_window(
+        rank="row_number()", sort=[alt.SortField("speedup", order="descending"),
+                                   alt.SortField("K", order="ascending")],
+    ).transform_filter("datum.rank == 1")
+    best_star = best.mark_point(shape="diamond", size=160, filled=True, color="black").encode(
+        x=x, y="speedup:Q")
+    best_label = best.transform_calculate(label="'best K = ' + datum.K").mark_text(
+        align="left", dx=8, dy=-8).encode(x=x, y="speedup:Q", text="label:N")
+    return alt.layer(
+        curve("tokens", tokens_name), curve("speedup", speedup_name), break_even, k_rule,
+        best_star, best_label, k_label,
+        data=alt.Data(values=[{"K": i} for i in range(1, int(k_max) + 1)]),
+    ).add_params(*params).properties(
+        width=width, height=height,
+        description="Expected tokens per target call and speedup against K, with sliders for "
+                    "α, c and the highlighted K; the best K is marked.")
