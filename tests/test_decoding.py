@@ -1,15 +1,12 @@
-import itertools
-
 import pytest
 import torch
-from scipy.stats import chisquare
 
 import specbook.rejection
 from specbook.decoding import autoregressive_generate, speculative_generate
 from specbook.drafters import ModelDrafter
 from specbook.sampling import Sampler
 
-from conftest import tiny_model
+from conftest import SAMPLERS, chi_square_p_value, tiny_model
 
 PROMPT = torch.tensor([[3, 14, 15, 9, 2, 6, 5]])
 
@@ -74,61 +71,15 @@ def test_same_seed_same_sample(target, draft):
 
 # --- lossless under sampling: the whole output sequence follows the target's exact distribution
 
-VOCAB, NEW_TOKENS, SAMPLES = 3, 3, 1500
-SAMPLERS = [Sampler(1.0), Sampler(0.7, top_k=3, top_p=0.9)]
-
-
-def _sequence_distribution(target, prompt, sampler):
-    """Exact probability of every length-NEW_TOKENS continuation under the warped target."""
-    exact = {}
-    for sequence in itertools.product(range(VOCAB), repeat=NEW_TOKENS):
-        ids = torch.cat([prompt, torch.tensor([sequence])], dim=1)
-        probs = sampler.probs(target(ids).logits[0, prompt.shape[1] - 1: -1])  # (NEW_TOKENS, vocab)
-        exact[sequence] = float(probs[torch.arange(NEW_TOKENS), list(sequence)].prod())
-    return exact
-
-
-def _chi_square_p_value(target, drafter_model, sampler, samples=SAMPLES):
-    prompt = torch.tensor([[0, 1, 2]])
-    with torch.no_grad():
-        exact = _sequence_distribution(target, prompt, sampler)
-    counts = dict.fromkeys(exact, 0)
-    for seed in range(samples):
-        result = speculative_generate(target, drafter_model, prompt, NEW_TOKENS, k=2, sampler=sampler, seed=seed)
-        counts[tuple(result.token_ids)] += 1
-    outside = sum(count for sequence, count in counts.items() if exact[sequence] == 0)
-    assert outside == 0  # nothing outside the support
-    # Cells expected fewer than 5 times are pooled into one, as the chi-square approximation needs.
-    expected = {sequence: probability * samples for sequence, probability in exact.items()}
-    big = [sequence for sequence in exact if expected[sequence] >= 5]
-    observed = [counts[s] for s in big] + [samples - sum(counts[s] for s in big)]
-    predicted = [expected[s] for s in big] + [samples - sum(expected[s] for s in big)]
-    if predicted[-1] < 1e-9:
-        observed, predicted = observed[:-1], predicted[:-1]
-    scale = sum(observed) / sum(predicted)  # removes float rounding of the exact probabilities
-    return chisquare(observed, [value * scale for value in predicted]).pvalue
-
-
-@pytest.fixture(scope="module")
-def tiny_pair():
-    """A target and a deliberately different draft over a 3-token vocabulary, with peaked distributions."""
-    pair = tiny_model(vocab_size=VOCAB, hidden_size=8, num_layers=1, seed=3), \
-        tiny_model(vocab_size=VOCAB, hidden_size=8, num_layers=1, seed=4)
-    with torch.no_grad():
-        for model in pair:  # random init gives near-uniform logits; sharpen them so p and q really differ
-            model.lm_head.weight.mul_(30)
-    return pair
-
-
 @pytest.mark.parametrize("sampler", SAMPLERS, ids=["plain", "warped"])
 def test_sampled_output_follows_the_target(tiny_pair, sampler):
-    assert _chi_square_p_value(*tiny_pair, sampler) > 1e-3
+    assert chi_square_p_value(*tiny_pair, sampler) > 1e-3
 
 
 def test_chi_square_catches_a_broken_verifier(tiny_pair, monkeypatch):
     """Drawing the correction from q instead of the residual (q - p)+ biases the output: the test must see it."""
     monkeypatch.setattr(specbook.rejection, "residual_distribution", lambda target_probs, draft_probs, **_: target_probs)
-    assert _chi_square_p_value(*tiny_pair, SAMPLERS[0]) < 1e-6
+    assert chi_square_p_value(*tiny_pair, SAMPLERS[0]) < 1e-6
 
 
 # --- bad input gets a clear error naming the argument
@@ -155,21 +106,3 @@ def test_padding_rows_are_tolerated(target):
     padded = tiny_model(vocab_size=128, seed=5)  # same tokens, embedding padded to a multiple of 64
     reference = autoregressive_generate(target, PROMPT, 20, Sampler(0)).token_ids
     assert speculative_generate(target, padded, PROMPT, 20, sampler=Sampler(0)).token_ids == reference
-
-
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(temperature=-0.1), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
-    (dict(top_k=0), "top_k"),
-])
-def test_bad_sampler(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        Sampler(**kwargs)
-
-
-def test_tiny_pair_is_a_hard_case(tiny_pair):
-    """The chi-square tests are only meaningful if the draft often disagrees with the target."""
-    target, draft = tiny_pair
-    prompt = torch.tensor([[0, 1, 2]])
-    alpha = specbook.rejection.acceptance_rate(target(prompt).logits[0, -1].softmax(-1),
-                                               draft(prompt).logits[0, -1].softmax(-1))
-    assert 0.1 < float(alpha) < 0.9

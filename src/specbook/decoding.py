@@ -20,6 +20,7 @@ import torch
 
 from .cache import new_cache, rollback
 from .drafters import Drafter, ModelDrafter
+from .policies import as_policy
 from .rejection import verify_chain
 from .sampling import Sampler
 
@@ -118,6 +119,7 @@ def _as_drafter(drafter, target):
                          f"(got {type(drafter).__name__})")
     if isinstance(drafter, ModelDrafter):
         _check_same_vocabulary(target, drafter.model)
+        drafter.vocab_size = min(_vocab_size(target), _vocab_size(drafter.model))
     return drafter
 
 
@@ -140,23 +142,24 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
                          eos_token_id=None, tokenizer=None) -> Generation:
     """Speculative sampling: draft up to ``k`` tokens, verify them with one target call, repeat.
 
-    ``drafter`` is a `Drafter` (or a draft model, wrapped in `ModelDrafter`). The output follows
+    ``drafter`` is a `Drafter` (or a draft model, wrapped in `ModelDrafter`); ``k`` an int or a
+    `specbook.policies.DraftLength` policy that picks K step by step. The output follows
     the target's distribution under ``sampler`` exactly; greedily it equals
     `autoregressive_generate` token for token. ``input_ids`` is (1, T).
     """
     _check_inputs(target, input_ids, max_new_tokens)
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be an integer >= 1 (got {k!r})")
+    policy = as_policy(k)
     drafter = _as_drafter(drafter, target)
     generator = _generator(seed, target.device)
     started = time.perf_counter()
     cache, pending = _prefill(target, input_ids)
     drafter.start(input_ids)
+    policy.start()
     vocab = min(_vocab_size(target), getattr(drafter, "vocab_size", _vocab_size(target)))
     token_ids, steps = [], []
     while len(token_ids) < max_new_tokens and (not token_ids or token_ids[-1] != eos_token_id):
-        budget = min(k, max_new_tokens - len(token_ids) - 1)  # a step emits up to budget + 1 tokens
-        draft = drafter.propose(budget, sampler, generator) if budget > 0 else None
+        budget = min(policy.next_k(), max_new_tokens - len(token_ids) - 1)  # a step emits up to budget + 1 tokens
+        draft = drafter.propose(budget, sampler, generator, policy.keep_drafting) if budget > 0 else None
         drafted = draft.tokens if draft is not None else torch.empty(0, dtype=torch.long, device=target.device)
         inputs = torch.cat([torch.tensor(pending, device=target.device), drafted])[None]  # (1, n + 1)
         logits = target(inputs, past_key_values=cache, use_cache=True).logits[0, -inputs.shape[1]:, :vocab]
@@ -169,6 +172,8 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
             accepted, next_token, bonus = 0, int(sampler.sample(target_probs[0], generator)), False
         rollback(cache, len(drafted) - accepted)
         drafter.update(accepted, next_token)
+        drafter.observe_target(target_probs[: accepted + 1])  # the target at the committed positions
+        policy.update(len(drafted), accepted, draft.probs if draft is not None else None)
         drafted_ids = drafted.tolist()
         steps.append(Step(drafted_ids, accepted, next_token, bonus))
         token_ids += drafted_ids[:accepted] + [next_token]

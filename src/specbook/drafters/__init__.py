@@ -6,5 +6,6 @@ is written once: a model drafter, n-gram / prompt-lookup drafters, Medusa and EA
 
 from .base import Draft, Drafter
 from .model import ModelDrafter
+from .ngram import LookupDrafter, NGramDrafter, NGramStorage, PromptLookupDrafter
 
-__all__ = ["Draft", "Drafter", "ModelDrafter"]
+__all__ = ["Draft", "Drafter", "LookupDrafter", "ModelDrafter", "NGramDrafter", "NGramStorage", "PromptLookupDrafter"]

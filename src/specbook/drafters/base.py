@@ -33,10 +33,19 @@ class Drafter:
         """Begin a generation on a (1, T) prompt."""
         raise NotImplementedError
 
-    def propose(self, k: int, sampler, generator: torch.Generator | None) -> Draft:
-        """Propose up to ``k`` tokens continuing the current context (fewer, even none, is allowed)."""
+    def propose(self, k: int, sampler, generator: torch.Generator | None, keep_drafting=None) -> Draft:
+        """Propose up to ``k`` tokens continuing the current context (fewer, even none, is allowed).
+
+        A drafter that samples token by token calls ``keep_drafting(draft_probs)`` after each token
+        (when given) and stops early when it returns False.
+        """
         raise NotImplementedError
 
     def update(self, num_accepted: int, next_token: int) -> None:
         """The target kept the first ``num_accepted`` proposed tokens, then emitted ``next_token``."""
         raise NotImplementedError
+
+    def observe_target(self, target_probs: torch.Tensor) -> None:
+        """After ``update``: the target's distributions (num_accepted + 1, vocab) at the positions the
+        step committed, row i the one that predicted its i-th token. A drafter that learns from the
+        target (the n-gram filler) overrides this; the default ignores it."""

@@ -13,7 +13,11 @@ from .base import Draft, Drafter
 
 
 class ModelDrafter(Drafter):
-    """Draft with a causal LM that shares the target's tokenizer."""
+    """Draft with a causal LM that shares the target's tokenizer.
+
+    ``vocab_size`` is the width of the logits it drafts from; the engine narrows it to the
+    target's when one of the two models pads its embedding matrix with unused rows.
+    """
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
@@ -32,17 +36,19 @@ class ModelDrafter(Drafter):
         self.proposed = []  # this step's drafts
         self.calls = 0
 
-    def propose(self, k, sampler, generator):
+    def propose(self, k, sampler, generator, keep_drafting=None):
         tokens, probs = [], []
         inputs = torch.tensor([self.pending], device=self.device)  # (1, n)
         for _ in range(k):
             logits = self.model(inputs, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits
-            step_probs = sampler.probs(logits[0, -1])  # (vocab,)
+            step_probs = sampler.probs(logits[0, -1, : self.vocab_size])  # (vocab,)
             token = sampler.sample(step_probs, generator)  # ()
             tokens.append(token)
             probs.append(step_probs)
+            if keep_drafting is not None and not keep_drafting(step_probs):
+                break
             inputs = token.view(1, 1)
-        self.calls += k
+        self.calls += len(tokens)
         self.pending = []
         draft = Draft(torch.stack(tokens), torch.stack(probs))  # (k,), (k, vocab)
         self.proposed = draft.tokens.tolist()

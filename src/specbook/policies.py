@@ -1,0 +1,168 @@
+"""Draft-length policies: how many tokens to draft before the next verification.
+
+The engine asks the policy for K before every step, model drafters ask it after every drafted
+token whether to go on, and the policy hears how the step went. Any policy keeps the output
+lossless: the verifier does not care how many tokens were drafted, only how they were drawn.
+
+Chapter 3 shows why K matters: the expected tokens per target call (1 - alpha^(K+1)) / (1 - alpha)
+saturates while the drafting cost grows with K, so the best K is small when alpha is low and
+large when it is high. The policies here estimate "is alpha high right now?" from what a step
+reveals: whether everything was accepted (`HeuristicK`), how sure the draft is of each token
+(`ConfidenceStop`), or the draft's entropy over recent steps (`EntropyGuidedK`).
+"""
+
+import torch
+
+
+def check_integer(name: str, value, minimum: int) -> None:
+    """Raise ValueError naming ``name`` unless ``value`` is an integer >= ``minimum`` (bool is refused)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum} (got {value!r})")
+
+
+class DraftLength:
+    """The interface. Subclasses override what they need; the defaults draft a fixed K."""
+
+    def start(self) -> None:
+        """A new generation begins."""
+
+    def next_k(self) -> int:
+        """The most tokens to draft in the next step."""
+        raise NotImplementedError
+
+    def keep_drafting(self, draft_probs: torch.Tensor) -> bool:
+        """After a token was drafted from ``draft_probs`` (vocab,): draft another one?"""
+        return True
+
+    def update(self, drafted: int, accepted: int, draft_probs: torch.Tensor | None) -> None:
+        """The step drafted ``drafted`` tokens (distributions (drafted, vocab), or None) and ``accepted`` passed."""
+
+
+class FixedK(DraftLength):
+    """Always draft K tokens: the setting of Leviathan et al. and Chen et al."""
+
+    def __init__(self, k: int):
+        check_integer("k", k, 1)
+        self.k = k
+
+    def next_k(self) -> int:
+        return self.k
+
+    def __repr__(self):
+        return f"FixedK({self.k})"
+
+
+class HeuristicK(DraftLength):
+    """Grow K by 2 after a step in which every draft was accepted, shrink it by 1 otherwise.
+
+    The schedule of Hugging Face's assisted generation (``num_assistant_tokens_schedule=
+    "heuristic"``), kept between ``k_min`` and ``k_max``: long drafts while the draft keeps
+    agreeing with the target, short ones after a miss. A step that drafted nothing (the token
+    budget ran out, or an n-gram drafter had nothing to propose) says nothing about alpha and
+    leaves K alone. It needs no draft probabilities, so it suits every drafter.
+    """
+
+    def __init__(self, k_start: int = 4, k_min: int = 1, k_max: int = 16):
+        for name, value in (("k_start", k_start), ("k_min", k_min), ("k_max", k_max)):
+            check_integer(name, value, 1)
+        if not k_min <= k_start <= k_max:
+            raise ValueError(f"k_min <= k_start <= k_max must hold (got k_min={k_min}, k_start={k_start}, "
+                             f"k_max={k_max})")
+        self.k_start, self.k_min, self.k_max = k_start, k_min, k_max
+        self.k = k_start
+
+    def start(self) -> None:
+        self.k = self.k_start
+
+    def next_k(self) -> int:
+        return self.k
+
+    def update(self, drafted, accepted, draft_probs):
+        if drafted:
+            self.k = min(self.k + 2, self.k_max) if accepted == drafted else max(self.k - 1, self.k_min)
+
+    def __repr__(self):
+        return f"HeuristicK(k_start={self.k_start}, k_min={self.k_min}, k_max={self.k_max})"
+
+
+class ConfidenceStop(DraftLength):
+    """Draft up to ``k_max`` tokens, but stop after a token whose draft distribution peaks under ``threshold``.
+
+    Hugging Face's ``assistant_confidence_threshold``: a draft unsure of its own token (top
+    probability max_x p(x) < threshold) is unlikely to match the target, so drafting past it
+    wastes draft calls and verification positions. The unsure token itself is still proposed.
+    Only model drafters report probabilities: with a deterministic drafter (n-grams), and under
+    greedy sampling (one-hot p, top probability 1), it never stops early and acts as FixedK(k_max).
+    """
+
+    def __init__(self, threshold: float = 0.5, k_max: int = 8):
+        if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 < threshold < 1:
+            raise ValueError(f"threshold must be a probability in (0, 1) (got {threshold!r})")
+        check_integer("k_max", k_max, 1)
+        self.threshold, self.k_max = threshold, k_max
+
+    def next_k(self) -> int:
+        return self.k_max
+
+    def keep_drafting(self, draft_probs):
+        return float(draft_probs.max()) >= self.threshold
+
+    def __repr__(self):
+        return f"ConfidenceStop(threshold={self.threshold}, k_max={self.k_max})"
+
+
+class EntropyGuidedK(HeuristicK):
+    """Entropy-guided K (EGAG): long drafts while the draft is confident, short ones while it is not.
+
+    After each step the policy folds the mean entropy of the step's draft distributions,
+    H_step = mean_i -sum_x p_i(x) log p_i(x) (in nats), into an exponential moving average,
+    H <- ema * H + (1 - ema) * H_step (the first step sets H), and maps it linearly to
+
+        K = round(gamma_max - (gamma_max - gamma_min) * min(H / entropy_ref, 1)),
+
+    so K = gamma_max for a certain draft (H = 0) and gamma_min once H reaches ``entropy_ref``. The
+    default entropy_ref = 2 nats is the entropy of e^2 ~ 7 equally likely tokens: a draft that
+    unsure rarely sees long runs accepted. The first step drafts gamma_max. (The same idea, the
+    draft's entropy as a predictor of acceptance, drives AdaEDL's early stopping, Agrawal et al. 2024.)
+
+    The signal needs real distributions. A deterministic drafter reports none (probs None), and
+    under greedy sampling every p is one-hot, entropy 0, whatever the draft believes. A step with
+    zero entropy therefore carries no confidence signal, and the policy falls back to HeuristicK's
+    accept-driven schedule (grow by 2 on a fully accepted step, shrink by 1 otherwise) between
+    gamma_min and gamma_max.
+    """
+
+    def __init__(self, gamma_min: int = 1, gamma_max: int = 8, ema: float = 0.5, entropy_ref: float = 2.0):
+        check_integer("gamma_min", gamma_min, 1)
+        check_integer("gamma_max", gamma_max, 1)
+        if gamma_min > gamma_max:
+            raise ValueError(f"gamma_min must be <= gamma_max (got gamma_min={gamma_min} > gamma_max={gamma_max})")
+        if not isinstance(ema, (int, float)) or isinstance(ema, bool) or not 0 <= ema < 1:
+            raise ValueError(f"ema must be in [0, 1) (got {ema!r}): the weight of the past in the moving average")
+        if not isinstance(entropy_ref, (int, float)) or isinstance(entropy_ref, bool) or not entropy_ref > 0:
+            raise ValueError(f"entropy_ref must be a number of nats > 0 (got {entropy_ref!r})")
+        super().__init__(k_start=gamma_max, k_min=gamma_min, k_max=gamma_max)
+        self.ema, self.entropy_ref = ema, entropy_ref
+        self.entropy = None  # the moving average H, None before the first informative step
+
+    def start(self) -> None:
+        super().start()
+        self.entropy = None
+
+    def update(self, drafted, accepted, draft_probs):
+        step_entropy = float(torch.special.entr(draft_probs).sum(-1).mean()) if drafted and draft_probs is not None \
+            else 0.0
+        if step_entropy == 0:  # no confidence signal: a deterministic drafter, or one-hot p under greedy sampling
+            super().update(drafted, accepted, draft_probs)
+            return
+        self.entropy = step_entropy if self.entropy is None else self.ema * self.entropy + (1 - self.ema) * step_entropy
+        self.k = round(self.k_max - (self.k_max - self.k_min) * min(self.entropy / self.entropy_ref, 1))
+
+    def __repr__(self):
+        return (f"EntropyGuidedK(gamma_min={self.k_min}, gamma_max={self.k_max}, ema={self.ema}, "
+                f"entropy_ref={self.entropy_ref})")
+
+
+def as_policy(k) -> DraftLength:
+    """An int K becomes FixedK(K); a policy is used as it is."""
+    return k if isinstance(k, DraftLength) else FixedK(k)
