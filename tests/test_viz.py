@@ -346,3 +346,39 @@ def test_distributions_plot_draws_each_series():
     for name, values in (("q", TARGET), ("p", DRAFT)):
         np.testing.assert_allclose(_patch_heights(fig, name), values)
     assert math.isclose(sum(_patch_heights(fig, "q")), 1.0)
+
+
+# --- the token trace
+
+def test_trace_emits_exactly_the_generated_tokens():
+    from conftest import tiny_model
+    from specbook import Sampler, speculative_generate
+    from specbook.viz import trace_roles
+
+    target, draft = tiny_model(seed=0), tiny_model(hidden_size=16, num_layers=1, seed=1)
+    prompt = torch.tensor([[1, 2, 3]])
+    for drafter, k in ((draft, 3), (target, 8)):
+        generation = speculative_generate(target, drafter, prompt, 23, k=k, sampler=Sampler(0))
+        roles = trace_roles(generation)
+        assert [token for token, role in roles if role != "rejected"] == generation.token_ids
+        rejected = [i for i, (_, role) in enumerate(roles) if role == "rejected"]
+        assert all(roles[i + 1][1] == "corrected" for i in rejected)  # a correction follows every rejection
+    assert {role for _, role in roles} <= {"accepted", "bonus"}  # the target as its own draft: nothing rejected
+
+
+def test_trace_renders_html_and_ansi():
+    from specbook.decoding import Generation, Stats, Step
+    from specbook.viz import render_trace
+
+    class Letters:  # a stand-in tokenizer: token i is the i-th letter
+        def decode(self, ids):
+            return "".join(chr(ord("a") + i) for i in ids)
+
+    generation = Generation([0, 1, 2, 3], Stats(2, 3, 0.5, 2.0, 0.0),
+                            [Step([0, 4], 1, 1, False), Step([2], 1, 3, True)])
+    html = render_trace(generation, Letters())._repr_html_()
+    assert html.count('<span class="specbook-') == 5 and "line-through" in html
+    assert render_trace(generation, Letters(), style="ansi").count("\033[0m") == 5
+    assert str(render_trace(generation, Letters())) == "a[e]bcd"
+    with pytest.raises(ValueError, match="style"):
+        render_trace(generation, Letters(), style="latex")

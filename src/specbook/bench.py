@@ -1,0 +1,179 @@
+"""Benchmarks: autoregressive, speculative and Hugging Face assisted generation on the same prompts.
+
+Every method runs on every prompt ``repeats`` times; a method's time on a prompt is the median of
+its repeats, and its speed is the total of those medians. Speedups are ratios of times measured in
+the same run, against autoregressive decoding of the same target (and against Hugging Face's
+``generate(assistant_model=...)``), never against numbers from another run.
+"""
+
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from .decoding import autoregressive_generate, speculative_generate
+from .drafters import ModelDrafter
+from .sampling import Sampler
+
+# Two prompt sets: open-ended (the model must invent) and input-grounded (the continuation repeats the prompt).
+OPEN_ENDED = [
+    "KING HENRY:\nNow, lords, ",
+    "JULIET:\nO gentle night, ",
+    "FIRST CITIZEN:\nWhat say you to the ",
+    "HAMLET:\nThere is a ",
+]
+INPUT_GROUNDED = [
+    "ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
+    "JULIET:\nWhat did he say?\n\nNURSE:\nHe said: But, soft! what light through yonder window breaks?\nIt is",
+    "HAMLET:\nTo be, or not to be: that is the question:\nWhether 'tis nobler in the mind to suffer\n"
+    "The slings and arrows of outrageous fortune,\n\nHORATIO:\nMy lord repeats it: To be, or not to be: that",
+    "MACBETH:\nTo-morrow, and to-morrow, and to-morrow,\nCreeps in this petty pace from day to day\n\n"
+    "LADY MACBETH:\nSay it again.\n\nMACBETH:\nTo-morrow, and to-morrow, and to-morrow,\nCreeps",
+    "PORTIA:\nThe quality of mercy is not strain'd,\nIt droppeth as the gentle rain from heaven\n\n"
+    "NERISSA:\nMadam, you said: The quality of mercy is not strain'd,\nIt droppeth",
+]
+PROMPT_SETS = {"open": OPEN_ENDED, "grounded": INPUT_GROUNDED}
+
+
+@dataclass
+class Method:
+    """One row of a benchmark: a name and a function (input_ids, seed) -> (token_ids, stats or None)."""
+
+    name: str
+    run: object
+    k: int | None = None
+
+
+def autoregressive(target, sampler, max_new_tokens):
+    def run(input_ids, seed):
+        result = autoregressive_generate(target, input_ids, max_new_tokens, sampler, seed)
+        return result.token_ids, result.stats
+    return Method("autoregressive", run)
+
+
+def speculative(target, drafter, k, sampler, max_new_tokens, name=None):
+    """``drafter`` is a Drafter or a draft model; ``k`` an int or a draft-length policy."""
+    drafter = ModelDrafter(drafter) if isinstance(drafter, torch.nn.Module) else drafter
+    label = name or f"speculative k={k}"
+
+    def run(input_ids, seed):
+        result = speculative_generate(target, drafter, input_ids, max_new_tokens, k, sampler, seed)
+        return result.token_ids, result.stats
+    return Method(label, run, k if isinstance(k, int) else None)
+
+
+def hugging_face_assisted(target, draft, sampler, max_new_tokens, k=None):
+    """``target.generate(assistant_model=draft)``: its own schedule when k is None, else exactly k drafts a step."""
+    options = dict(do_sample=not sampler.greedy, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens)
+    if not sampler.greedy:
+        options.update(temperature=sampler.temperature, top_k=sampler.top_k or 0, top_p=sampler.top_p or 1.0)
+    if k is not None:
+        options.update(num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
+                       assistant_confidence_threshold=0.0)
+
+    def run(input_ids, seed):
+        if seed is not None:
+            torch.manual_seed(seed)
+        with torch.inference_mode():
+            output = target.generate(input_ids, assistant_model=draft, attention_mask=torch.ones_like(input_ids),
+                                     pad_token_id=target.config.eos_token_id, **options)
+        return output[0, input_ids.shape[1]:].tolist(), None
+    return Method("HF assisted" + (f" k={k}" if k is not None else " (its schedule)"), run, k)
+
+
+def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True):
+    """Time every method on every prompt (``prompts``: list of (1, T) tensors); return a list of row dicts.
+
+    The first method is the baseline (autoregressive): ``speedup`` is its time over each method's.
+    ``same_tokens`` says whether a method produced exactly the baseline's tokens on every prompt
+    (expected in greedy mode). Each method runs once untimed first, to pay for lazy initialisation.
+    """
+    rows, outputs = [], []
+    for method in tqdm(methods, desc="benchmark", disable=not progress):
+        method.run(prompts[0], seed)
+        seconds, tokens, method_outputs, stats = 0.0, 0, [], []
+        for input_ids in prompts:
+            times = []
+            for _ in range(repeats):
+                started = _clock()
+                token_ids, generation_stats = method.run(input_ids, seed)
+                times.append(_clock() - started)
+            seconds += statistics.median(times)
+            tokens += len(token_ids)
+            method_outputs.append(token_ids)
+            if generation_stats is not None:
+                stats.append(generation_stats)
+        outputs.append(method_outputs)
+        rows.append({"method": method.name, "k": method.k, "seconds": seconds, "tokens": tokens,
+                     "ms_per_token": 1000 * seconds / tokens,
+                     "acceptance_rate": _mean([s.acceptance_rate for s in stats]),
+                     "tokens_per_call": _mean([s.tokens_per_step for s in stats])})
+    for row, method_outputs in zip(rows, outputs):
+        row["speedup"] = rows[0]["seconds"] / row["seconds"]
+        row["same_tokens"] = method_outputs == outputs[0]
+    return rows
+
+
+def _mean(values):
+    values = [v for v in values if v == v]  # drop NaN (a generation in which nothing was drafted)
+    return statistics.fmean(values) if values else float("nan")
+
+
+def _clock():
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def machine() -> str:
+    """The machine a benchmark ran on, in words, for captions and result files."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} CPU threads"
+
+
+@torch.inference_mode()
+def decode_latency(model, input_ids, new_tokens=64, repeats=3):
+    """Median seconds per decoded token (batch 1, KV cache, greedy) after prefilling ``input_ids``."""
+    times = []
+    for _ in range(repeats):
+        started = _clock()
+        autoregressive_generate(model, input_ids, new_tokens, Sampler(0))
+        times.append((_clock() - started) / new_tokens)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def measure_alpha(target, draft, prompts, new_tokens=64, seed=0):
+    """How well the draft predicts the target, along the target's own continuations of ``prompts``.
+
+    Returns ``greedy``: the share of the target's greedy tokens that the draft's greedy choice
+    matches (the acceptance rate of greedy speculative decoding), and ``sampled``: the mean of
+    alpha = sum_x min(p(x), q(x)) over positions of continuations sampled from the target at
+    temperature 1 (the acceptance rate of speculative sampling, Leviathan et al. Definition 3.1).
+    """
+    from .rejection import acceptance_rate
+
+    matches, positions, alphas = 0, 0, []
+    for index, input_ids in enumerate(prompts):
+        start = input_ids.shape[1] - 1  # logits at position t predict token t + 1
+        greedy = autoregressive_generate(target, input_ids, new_tokens, Sampler(0)).token_ids
+        sequence = torch.cat([input_ids[0], torch.tensor(greedy, device=input_ids.device)])[None]
+        draft_choice = draft(sequence).logits[0, start:-1].argmax(-1)  # (new_tokens,)
+        matches += int((draft_choice == sequence[0, start + 1:]).sum())
+        positions += len(greedy)
+        sampled = autoregressive_generate(target, input_ids, new_tokens, Sampler(1.0), seed=seed + index).token_ids
+        sequence = torch.cat([input_ids[0], torch.tensor(sampled, device=input_ids.device)])[None]
+        target_probs = target(sequence).logits[0, start:-1].float().softmax(-1)  # (new_tokens, vocab)
+        draft_probs = draft(sequence).logits[0, start:-1].float().softmax(-1)
+        vocab = min(target_probs.shape[-1], draft_probs.shape[-1])
+        alphas.append(acceptance_rate(_renormalised(target_probs, vocab), _renormalised(draft_probs, vocab)))
+    return {"greedy": matches / positions, "sampled": float(torch.cat(alphas).mean())}
+
+
+def _renormalised(probs, vocab):
+    probs = probs[..., :vocab]
+    return probs / probs.sum(-1, keepdim=True)

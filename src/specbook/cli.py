@@ -1,0 +1,183 @@
+"""The command line: ``python -m specbook generate | bench | chat``.
+
+    python -m specbook generate "ROMEO:\\n" --k 4 --trace
+    python -m specbook bench --prompts grounded --ks 1,2,4,6 --out bench.csv
+    python -m specbook chat
+"""
+
+import argparse
+import shlex
+import sys
+
+import torch
+
+from .bench import PROMPT_SETS, autoregressive, hugging_face_assisted, machine, run_benchmark, speculative
+from .decoding import autoregressive_generate, speculative_generate
+from .models import load_pair
+from .sampling import Sampler
+from .viz import render_trace
+
+
+def _positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (got {text})")
+    return value
+
+
+def _add_model_options(parser):
+    parser.add_argument("--pair", default=None, help="built-in pair name (default: shakespeare)")
+    parser.add_argument("--target", help="Hugging Face model id of the target (with --draft; needs a network)")
+    parser.add_argument("--draft", help="Hugging Face model id of the draft")
+    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cpu)")
+
+
+def _add_sampling_options(parser):
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--top-k", type=_positive_int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _load(args):
+    return load_pair(args.pair, target=args.target, draft=args.draft, device=args.device)
+
+
+def _generate(pair, prompt, method, k, sampler, max_new_tokens, seed):
+    input_ids = pair.encode(prompt)
+    if method == "ar":
+        return autoregressive_generate(pair.target, input_ids, max_new_tokens, sampler, seed,
+                                       tokenizer=pair.tokenizer)
+    return speculative_generate(pair.target, pair.draft, input_ids, max_new_tokens, k, sampler, seed,
+                                tokenizer=pair.tokenizer)
+
+
+def _report(generation, pair, trace):
+    if trace and generation.steps:
+        print(render_trace(generation, pair.tokenizer, style="ansi"))
+    else:
+        print(generation.text)
+    stats = generation.stats
+    print(f"\n[{len(generation.token_ids)} tokens in {stats.seconds:.2f} s, {stats.target_calls} target calls, "
+          f"{stats.tokens_per_step:.2f} tokens per call, alpha {stats.acceptance_rate:.2f}]", file=sys.stderr)
+
+
+def generate(args):
+    pair = _load(args)
+    sampler = Sampler(args.temperature, args.top_k, args.top_p)
+    _report(_generate(pair, args.prompt, args.method, args.k, sampler, args.max_new_tokens, args.seed), pair,
+            args.trace)
+
+
+def bench(args):
+    import pandas as pd
+
+    pair = _load(args)
+    sampler = Sampler(args.temperature, args.top_k, args.top_p)
+    n = args.max_new_tokens
+    methods = [autoregressive(pair.target, sampler, n)]
+    methods += [speculative(pair.target, pair.draft, k, sampler, n) for k in args.ks]
+    if args.hf:
+        methods += [hugging_face_assisted(pair.target, pair.draft, sampler, n),
+                    hugging_face_assisted(pair.target, pair.draft, sampler, n, k=max(args.ks))]
+    frames = []
+    for name in (["open", "grounded"] if args.prompts == "both" else [args.prompts]):
+        prompts = [pair.encode(text) for text in PROMPT_SETS[name]]
+        frame = pd.DataFrame(run_benchmark(methods, prompts, args.repeats, args.seed))
+        frames.append(frame.assign(prompts=name))
+    table = pd.concat(frames, ignore_index=True).assign(machine=machine())
+    print(table.drop(columns="machine").to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if args.out:
+        table.to_csv(args.out, index=False)
+        print(f"written to {args.out}", file=sys.stderr)
+
+
+CHAT_HELP = """Commands:
+  /method ar|spec      autoregressive or speculative decoding
+  /k N                 draft length K
+  /temperature T       0 is greedy
+  /top_k N|off         keep the N most likely tokens
+  /top_p P|off         nucleus sampling
+  /length N            new tokens per reply
+  /seed N              random seed
+  /trace on|off        colour the accepted / rejected / corrected / bonus tokens
+  /help                this text
+  /quit                leave
+Anything else is a prompt (\\n starts a new line)."""
+
+
+def chat(args, input_fn=input):
+    pair = _load(args)
+    settings = {"method": "spec", "k": 4, "temperature": args.temperature, "top_k": args.top_k,
+                "top_p": args.top_p, "length": args.max_new_tokens, "seed": args.seed, "trace": True}
+    casts = {"method": str, "k": int, "temperature": float, "top_k": int, "top_p": float, "length": int,
+             "seed": int, "trace": lambda text: text == "on"}
+    print(f"specbook chat with the {pair.name} pair. /help lists the commands.")
+    while True:
+        try:
+            line = input_fn("> ").strip()
+        except EOFError:
+            return
+        if not line:
+            continue
+        if line.startswith("/"):
+            command, *rest = shlex.split(line[1:])
+            if command in ("quit", "exit"):
+                return
+            if command == "help" or command not in casts or len(rest) != 1:
+                print(CHAT_HELP)
+                continue
+            value = None if rest[0] == "off" and command in ("top_k", "top_p") else rest[0]
+            try:
+                settings[command] = casts[command](value) if value is not None else None
+                sampler = Sampler(settings["temperature"], settings["top_k"], settings["top_p"])
+                if settings["method"] not in ("ar", "spec") or settings["k"] < 1 or settings["length"] < 1:
+                    raise ValueError("method is ar or spec; k and length are integers >= 1")
+            except ValueError as error:
+                print(f"error: {error}")
+                continue
+            print({name: value for name, value in settings.items()})
+            continue
+        try:
+            sampler = Sampler(settings["temperature"], settings["top_k"], settings["top_p"])
+            generation = _generate(pair, line.replace("\\n", "\n"), settings["method"], settings["k"], sampler,
+                                   settings["length"], settings["seed"])
+        except ValueError as error:
+            print(f"error: {error}")
+            continue
+        _report(generation, pair, settings["trace"])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m specbook", description="Speculative decoding from the shell.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="generate from a prompt and show the trace")
+    gen.add_argument("prompt")
+    gen.add_argument("--method", choices=["spec", "ar"], default="spec")
+    gen.add_argument("--k", type=_positive_int, default=4, help="draft length K (default: 4)")
+    gen.add_argument("--trace", action="store_true", help="colour accepted/rejected/corrected/bonus tokens")
+    _add_model_options(gen)
+    _add_sampling_options(gen)
+    ben = commands.add_parser("bench", help="benchmark AR, speculative (several K) and HF assisted generation")
+    ben.add_argument("--prompts", choices=["open", "grounded", "both"], default="both")
+    ben.add_argument("--ks", type=lambda text: [_positive_int(k) for k in text.split(",")], default=[1, 2, 3, 4, 6])
+    ben.add_argument("--repeats", type=_positive_int, default=3)
+    ben.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
+                     help="include Hugging Face assisted generation (default: yes)")
+    ben.add_argument("--out", help="write the table as CSV")
+    _add_model_options(ben)
+    _add_sampling_options(ben)
+    cha = commands.add_parser("chat", help="an interactive loop; /help inside lists the commands")
+    _add_model_options(cha)
+    _add_sampling_options(cha)
+    args = parser.parse_args(argv)
+    torch.set_grad_enabled(False)
+    try:
+        {"generate": generate, "bench": bench, "chat": chat}[args.command](args)
+    except ValueError as error:
+        parser.exit(2, f"error: {error}\n")
+
+
+if __name__ == "__main__":
+    main()
