@@ -66,22 +66,60 @@ def speculative(target, drafter, k, sampler, max_new_tokens, name=None):
 
 
 def hugging_face_assisted(target, draft, sampler, max_new_tokens, k=None):
-    """``target.generate(assistant_model=draft)``: its own schedule when k is None, else exactly k drafts a step."""
-    options = dict(do_sample=not sampler.greedy, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens)
+    """``target.generate(assistant_model=draft)``: its own schedule when k is None, else exactly k drafts a step.
+
+    Like the other methods it never stops early (no end-of-sequence token), so all produce the same length.
+    """
+    from transformers import GenerationConfig
+    from transformers.utils import logging
+
+    options = dict(do_sample=not sampler.greedy, max_new_tokens=max_new_tokens, eos_token_id=None,
+                   pad_token_id=target.config.eos_token_id)
     if not sampler.greedy:
         options.update(temperature=sampler.temperature, top_k=sampler.top_k or 0, top_p=sampler.top_p or 1.0)
     if k is not None:
         options.update(num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
                        assistant_confidence_threshold=0.0)
+    config = GenerationConfig(**options)
 
     def run(input_ids, seed):
         if seed is not None:
             torch.manual_seed(seed)
-        with torch.inference_mode():
-            output = target.generate(input_ids, assistant_model=draft, attention_mask=torch.ones_like(input_ids),
-                                     pad_token_id=target.config.eos_token_id, **options)
+        verbosity = logging.get_verbosity()
+        logging.set_verbosity_error()  # its inner generate() call warns about its own arguments
+        try:
+            with torch.inference_mode():
+                output = target.generate(input_ids, generation_config=config, assistant_model=draft,
+                                         attention_mask=torch.ones_like(input_ids))
+        finally:
+            logging.set_verbosity(verbosity)
         return output[0, input_ids.shape[1]:].tolist(), None
     return Method("HF assisted" + (f" k={k}" if k is not None else " (its schedule)"), run, k)
+
+
+def comparison(pair, sampler, max_new_tokens, ks=(1, 2, 3, 4, 6), hf=True):
+    """Chapter 4's table: autoregressive, speculative with each K, and Hugging Face assisted generation."""
+    methods = [autoregressive(pair.target, sampler, max_new_tokens)]
+    methods += [speculative(pair.target, pair.draft, k, sampler, max_new_tokens) for k in ks]
+    if hf:
+        methods += [hugging_face_assisted(pair.target, pair.draft, sampler, max_new_tokens),
+                    hugging_face_assisted(pair.target, pair.draft, sampler, max_new_tokens, k=max(ks))]
+    return methods
+
+
+def ablation(pair, sampler, max_new_tokens, k=4):
+    """Chapter 5's table: the model drafter with fixed K and with EGAG, NASD with and without EGAG, prompt lookup."""
+    from .drafters import NGramDrafter, PromptLookupDrafter
+    from .policies import EntropyGuidedK
+
+    return [
+        autoregressive(pair.target, sampler, max_new_tokens),
+        speculative(pair.target, pair.draft, k, sampler, max_new_tokens, name=f"draft model, k={k}"),
+        speculative(pair.target, pair.draft, EntropyGuidedK(), sampler, max_new_tokens, name="draft model, EGAG"),
+        speculative(pair.target, NGramDrafter(), k, sampler, max_new_tokens, name=f"NASD, k={k}"),
+        speculative(pair.target, NGramDrafter(), EntropyGuidedK(), sampler, max_new_tokens, name="NASD, EGAG"),
+        speculative(pair.target, PromptLookupDrafter(), k, sampler, max_new_tokens, name=f"prompt lookup, k={k}"),
+    ]
 
 
 def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True):

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from .bench import PROMPT_SETS, autoregressive, hugging_face_assisted, machine, run_benchmark, speculative
+from .bench import PROMPT_SETS, ablation, comparison, machine, run_benchmark
 from .decoding import autoregressive_generate, speculative_generate
 from .models import load_pair
 from .sampling import Sampler
@@ -75,12 +75,10 @@ def bench(args):
 
     pair = _load(args)
     sampler = Sampler(args.temperature, args.top_k, args.top_p)
-    n = args.max_new_tokens
-    methods = [autoregressive(pair.target, sampler, n)]
-    methods += [speculative(pair.target, pair.draft, k, sampler, n) for k in args.ks]
-    if args.hf:
-        methods += [hugging_face_assisted(pair.target, pair.draft, sampler, n),
-                    hugging_face_assisted(pair.target, pair.draft, sampler, n, k=max(args.ks))]
+    if args.suite == "comparison":
+        methods = comparison(pair, sampler, args.max_new_tokens, args.ks, args.hf)
+    else:
+        methods = ablation(pair, sampler, args.max_new_tokens, max(args.ks))
     frames = []
     for name in (["open", "grounded"] if args.prompts == "both" else [args.prompts]):
         prompts = [pair.encode(text) for text in PROMPT_SETS[name]]
@@ -107,46 +105,54 @@ CHAT_HELP = """Commands:
 Anything else is a prompt (\\n starts a new line)."""
 
 
+SETTINGS = {  # chat command -> how to read its value ("off" clears top_k and top_p)
+    "method": str, "k": int, "temperature": float, "top_k": int, "top_p": float, "length": int, "seed": int,
+    "trace": lambda text: {"on": True, "off": False}[text],
+}
+
+
+def _change(settings, command, text):
+    """A copy of ``settings`` with one chat command applied; ValueError (or KeyError) if it is not valid."""
+    changed = dict(settings)
+    changed[command] = None if text == "off" and command in ("top_k", "top_p") else SETTINGS[command](text)
+    Sampler(changed["temperature"], changed["top_k"], changed["top_p"])  # validates the three
+    if changed["method"] not in ("ar", "spec") or changed["k"] < 1 or changed["length"] < 1:
+        raise ValueError("method is ar or spec; k and length are integers >= 1")
+    return changed
+
+
 def chat(args, input_fn=input):
     pair = _load(args)
     settings = {"method": "spec", "k": 4, "temperature": args.temperature, "top_k": args.top_k,
                 "top_p": args.top_p, "length": args.max_new_tokens, "seed": args.seed, "trace": True}
-    casts = {"method": str, "k": int, "temperature": float, "top_k": int, "top_p": float, "length": int,
-             "seed": int, "trace": lambda text: text == "on"}
     print(f"specbook chat with the {pair.name} pair. /help lists the commands.")
     while True:
         try:
             line = input_fn("> ").strip()
         except EOFError:
             return
-        if not line:
-            continue
+        if line in ("/quit", "/exit"):
+            return
         if line.startswith("/"):
-            command, *rest = shlex.split(line[1:])
-            if command in ("quit", "exit"):
-                return
-            if command == "help" or command not in casts or len(rest) != 1:
+            command, *rest = shlex.split(line[1:]) or ["help"]
+            if command not in SETTINGS or len(rest) != 1:
                 print(CHAT_HELP)
                 continue
-            value = None if rest[0] == "off" and command in ("top_k", "top_p") else rest[0]
             try:
-                settings[command] = casts[command](value) if value is not None else None
-                sampler = Sampler(settings["temperature"], settings["top_k"], settings["top_p"])
-                if settings["method"] not in ("ar", "spec") or settings["k"] < 1 or settings["length"] < 1:
-                    raise ValueError("method is ar or spec; k and length are integers >= 1")
-            except ValueError as error:
+                settings = _change(settings, command, rest[0])
+                print(settings)
+            except (ValueError, KeyError) as error:
+                print(f"error: {command} {rest[0]!r} is not valid ({error})")
+            continue
+        if line:
+            sampler = Sampler(settings["temperature"], settings["top_k"], settings["top_p"])
+            try:
+                generation = _generate(pair, line.replace("\\n", "\n"), settings["method"], settings["k"], sampler,
+                                       settings["length"], settings["seed"])
+            except ValueError as error:  # e.g. a prompt longer than the model's context
                 print(f"error: {error}")
                 continue
-            print({name: value for name, value in settings.items()})
-            continue
-        try:
-            sampler = Sampler(settings["temperature"], settings["top_k"], settings["top_p"])
-            generation = _generate(pair, line.replace("\\n", "\n"), settings["method"], settings["k"], sampler,
-                                   settings["length"], settings["seed"])
-        except ValueError as error:
-            print(f"error: {error}")
-            continue
-        _report(generation, pair, settings["trace"])
+            _report(generation, pair, settings["trace"])
 
 
 def main(argv=None):
@@ -160,8 +166,12 @@ def main(argv=None):
     _add_model_options(gen)
     _add_sampling_options(gen)
     ben = commands.add_parser("bench", help="benchmark AR, speculative (several K) and HF assisted generation")
+    ben.add_argument("--suite", choices=["comparison", "ablation"], default="comparison",
+                     help="comparison: AR, speculative for each K, HF assisted (chapter 4); ablation: model "
+                          "drafter, EGAG, NASD, prompt lookup (chapter 5)")
     ben.add_argument("--prompts", choices=["open", "grounded", "both"], default="both")
-    ben.add_argument("--ks", type=lambda text: [_positive_int(k) for k in text.split(",")], default=[1, 2, 3, 4, 6])
+    ben.add_argument("--ks", type=lambda text: [_positive_int(k) for k in text.split(",")], default=[1, 2, 3, 4, 6],
+                     help="draft lengths (default: 1,2,3,4,6; the ablation uses the largest)")
     ben.add_argument("--repeats", type=_positive_int, default=3)
     ben.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
                      help="include Hugging Face assisted generation (default: yes)")
