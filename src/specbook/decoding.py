@@ -5,12 +5,15 @@
 2023, Algorithm 2): a drafter proposes up to K tokens, one target call scores all of them, and
 `specbook.rejection.verify_chain` keeps the longest accepted prefix plus one corrected or bonus
 token -- so every step emits between 1 and K + 1 tokens, and the output follows the target's
-(warped) distribution exactly.
+(warped) distribution exactly. A drafter may propose a token tree instead (a `Draft` with
+``parents``): one target call with a tree attention mask scores every branch, and
+`specbook.trees.verify_tree` keeps the longest accepted path (`specbook.trees`).
 
 Both loops keep the same bookkeeping: the target's KV cache holds every committed token except
 the last one, which is "pending" and is fed first in the next call. Verification feeds
 [pending, d_1, ..., d_K] (K + 1 positions) and gets q_1 ... q_{K+1} back; rollback then crops the
-rejected drafts off the cache, so the prefix is never recomputed.
+rejected drafts off the cache, so the prefix is never recomputed. A tree step feeds [pending,
+node 0, ..., node n-1] and keeps the prefix, the pending token and the accepted path.
 """
 
 import time
@@ -18,28 +21,37 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .cache import new_cache, rollback
+from .cache import keep_positions, new_cache, rollback
 from .drafters import Drafter, ModelDrafter
 from .policies import as_policy
 from .rejection import verify_chain
 from .sampling import Sampler
+from .trees import tree_forward, verify_tree
 
 
 @dataclass
 class Step:
-    """One verification step: what was drafted, how much of it the target kept, and what it added."""
+    """One verification step: what was drafted, how much of it the target kept, and what it added.
+
+    For a tree draft, ``drafted`` is the path verification walked: the accepted nodes' tokens, then
+    the first candidate tried and rejected after them, if any (the other candidates are counted in
+    ``tree_nodes``). So ``drafted[:accepted] + [next_token]`` is what the step emitted, for chains
+    and trees alike.
+    """
 
     drafted: list[int]
     accepted: int
     next_token: int
     bonus: bool  # True when every draft was accepted and next_token is the free extra token
+    tree_nodes: int | None = None  # the size of a tree draft; None for a chain
 
 
 @dataclass
 class Stats:
     target_calls: int  # target forward passes after the prompt's prefill
     draft_calls: int  # drafter forward passes (0 for model-free drafters)
-    acceptance_rate: float  # accepted / (accepted + rejected) drafts: the alpha of chapter 3
+    acceptance_rate: float  # accepted / (accepted + rejected) drafts: the alpha of chapter 3 (for trees, the
+    # chance that some candidate at the current node is accepted: a chain is a tree with one candidate per depth)
     tokens_per_step: float  # new tokens per target call
     seconds: float  # wall time of the whole generation, prefill included
 
@@ -137,6 +149,54 @@ def _check_same_vocabulary(target, draft):
                          f"draft {widths[1]}; special tokens {'agree' if same_specials else 'differ'})")
 
 
+def _draft_probs(draft, vocab):
+    """The draft's p (n, vocab): its reported distributions, or one-hot rows for a deterministic drafter."""
+    if draft.probs is not None:
+        return draft.probs[:, :vocab]
+    return torch.nn.functional.one_hot(draft.tokens, vocab).float()
+
+
+def _chain_step(target, cache, pending, draft, drafter, sampler, generator, vocab):
+    """Verify a chain of drafts (or none) with one target call; roll ``cache`` back and tell ``drafter``.
+
+    Returns the `Step`, the target's distributions at the committed positions (accepted + 1, vocab)
+    and the draft's distributions (or None), for the drafter's and the policy's hooks.
+    """
+    drafted = draft.tokens if draft is not None else torch.empty(0, dtype=torch.long, device=target.device)
+    inputs = torch.cat([torch.tensor(pending, device=target.device), drafted])[None]  # (1, n + 1)
+    logits = target(inputs, past_key_values=cache, use_cache=True).logits[0, -inputs.shape[1]:, :vocab]
+    target_probs = sampler.probs(logits)  # (n + 1, vocab)
+    if len(drafted):
+        accepted, next_token, bonus = verify_chain(drafted, _draft_probs(draft, vocab), target_probs, generator,
+                                                   validate=False)
+    else:
+        accepted, next_token, bonus = 0, int(sampler.sample(target_probs[0], generator)), False
+    rollback(cache, len(drafted) - accepted)
+    drafter.update(accepted, next_token)
+    step = Step(drafted.tolist(), accepted, next_token, bonus)
+    return step, target_probs[: accepted + 1], draft.probs if draft is not None else None
+
+
+def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab):
+    """Verify a tree draft with one target call; keep the accepted path in ``cache`` and tell ``drafter``.
+
+    Returns the `Step`, the target's distributions at the committed positions (accepted + 1, vocab)
+    and the draft's along ``step.drafted`` (or None), for the drafter's and the policy's hooks.
+    """
+    context = cache.get_seq_length()
+    inputs = torch.cat([torch.tensor(pending, device=target.device), draft.tokens])  # (n + 1,): root, nodes
+    target_probs = sampler.probs(tree_forward(target, cache, inputs, draft.parents)[:, :vocab])  # (n + 1, vocab)
+    path, next_token, bonus = verify_tree(draft.tokens, draft.parents, _draft_probs(draft, vocab), target_probs,
+                                          generator, validate=False)
+    committed = [0] + [node + 1 for node in path]  # rows: the root, then the accepted nodes
+    keep_positions(cache, list(range(context)) + [context + row for row in committed])
+    drafter.update(len(path), next_token, path)
+    last = path[-1] if path else -1
+    walked = path + [node for node, parent in enumerate(draft.parents) if parent == last][:1]  # + first rejected
+    step = Step(draft.tokens[walked].tolist(), len(path), next_token, bonus, tree_nodes=len(draft))
+    return step, target_probs[committed], draft.probs[walked] if draft.probs is not None else None
+
+
 @torch.inference_mode()
 def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sampler=Sampler(), seed=None,
                          eos_token_id=None, tokenizer=None) -> Generation:
@@ -160,24 +220,14 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     while len(token_ids) < max_new_tokens and (not token_ids or token_ids[-1] != eos_token_id):
         budget = min(policy.next_k(), max_new_tokens - len(token_ids) - 1)  # a step emits up to budget + 1 tokens
         draft = drafter.propose(budget, sampler, generator, policy.keep_drafting) if budget > 0 else None
-        drafted = draft.tokens if draft is not None else torch.empty(0, dtype=torch.long, device=target.device)
-        inputs = torch.cat([torch.tensor(pending, device=target.device), drafted])[None]  # (1, n + 1)
-        logits = target(inputs, past_key_values=cache, use_cache=True).logits[0, -inputs.shape[1]:, :vocab]
-        target_probs = sampler.probs(logits)  # (n + 1, vocab)
-        if len(drafted):
-            draft_probs = draft.probs[:, :vocab] if draft.probs is not None else \
-                torch.nn.functional.one_hot(drafted, vocab).float()
-            accepted, next_token, bonus = verify_chain(drafted, draft_probs, target_probs, generator, validate=False)
-        else:
-            accepted, next_token, bonus = 0, int(sampler.sample(target_probs[0], generator)), False
-        rollback(cache, len(drafted) - accepted)
-        drafter.update(accepted, next_token)
-        drafter.observe_target(target_probs[: accepted + 1])  # the target at the committed positions
-        policy.update(len(drafted), accepted, draft.probs if draft is not None else None)
-        drafted_ids = drafted.tolist()
-        steps.append(Step(drafted_ids, accepted, next_token, bonus))
-        token_ids += drafted_ids[:accepted] + [next_token]
-        pending = [next_token]
+        tree = draft is not None and draft.parents is not None
+        step, committed_probs, step_draft_probs = (_tree_step if tree else _chain_step)(
+            target, cache, pending, draft, drafter, sampler, generator, vocab)
+        drafter.observe_target(committed_probs)  # the target at the committed positions
+        policy.update(len(step.drafted), step.accepted, step_draft_probs)
+        steps.append(step)
+        token_ids += step.drafted[: step.accepted] + [step.next_token]
+        pending = [step.next_token]
     token_ids, text = _finish(token_ids, eos_token_id, tokenizer)
     accepted = sum(step.accepted for step in steps)
     rejected = sum(step.accepted < len(step.drafted) for step in steps)

@@ -1,11 +1,13 @@
 """Drafters: everything that proposes tokens for the target to verify.
 
 Every drafter implements the one `Drafter` interface, so the verifier in `specbook.decoding`
-is written once: a model drafter, n-gram / prompt-lookup drafters, Medusa and EAGLE heads.
+is written once: a model drafter, n-gram / prompt-lookup drafters, tree drafters, Medusa and EAGLE heads.
 """
 
 from .base import Draft, Drafter
 from .model import ModelDrafter
 from .ngram import LookupDrafter, NGramDrafter, NGramStorage, PromptLookupDrafter
+from .tree import SampledTreeDrafter, TopKTreeDrafter
 
-__all__ = ["Draft", "Drafter", "LookupDrafter", "ModelDrafter", "NGramDrafter", "NGramStorage", "PromptLookupDrafter"]
+__all__ = ["Draft", "Drafter", "LookupDrafter", "ModelDrafter", "NGramDrafter", "NGramStorage", "PromptLookupDrafter",
+           "SampledTreeDrafter", "TopKTreeDrafter"]

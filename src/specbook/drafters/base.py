@@ -3,7 +3,8 @@
 A generation is a conversation: the engine calls ``start`` once with the prompt, then for every
 step ``propose`` (up to k tokens, with the distributions they were drawn from) and ``update``
 (how many the target accepted and which token it emitted next), so the drafter can roll its
-state back to the accepted prefix and extend it.
+state back to the accepted prefix and extend it. A tree drafter (`specbook.trees`) proposes a
+`Draft` with ``parents`` and is told which path was accepted.
 """
 
 from dataclasses import dataclass
@@ -17,10 +18,15 @@ class Draft:
 
     ``probs`` is None for a deterministic drafter (n-grams, prompt lookup): its p is one-hot on
     each proposed token, and the accept rule min(1, q/p) becomes "accept with probability q(x)".
+
+    ``parents`` None is a chain: token i continues token i - 1. Otherwise the draft is a token
+    tree: ``parents[i]`` is the node token i continues, -1 for the pending token, parents before
+    children (`specbook.trees` says which trees verify losslessly).
     """
 
     tokens: torch.Tensor  # (n,) long
     probs: torch.Tensor | None = None  # (n, vocab) or None
+    parents: list[int] | None = None  # (n,) or None for a chain
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -41,8 +47,12 @@ class Drafter:
         """
         raise NotImplementedError
 
-    def update(self, num_accepted: int, next_token: int) -> None:
-        """The target kept the first ``num_accepted`` proposed tokens, then emitted ``next_token``."""
+    def update(self, num_accepted: int, next_token: int, path: list[int] | None = None) -> None:
+        """The target kept the first ``num_accepted`` proposed tokens, then emitted ``next_token``.
+
+        After a tree draft, ``path`` lists the ``num_accepted`` accepted nodes from the root down;
+        only drafters that propose trees are given it.
+        """
         raise NotImplementedError
 
     def observe_target(self, target_probs: torch.Tensor) -> None:

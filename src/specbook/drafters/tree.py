@@ -1,0 +1,84 @@
+"""Token trees from a draft model: its top candidates, or several samples, at every node.
+
+The draft model expands a `specbook.trees.TreeSpec` one depth at a time: the pending context is
+fed as a plain sequence, which gives the root's distribution; the root's children are picked from
+it; then all nodes of depth 1 are fed at once with the tree attention mask, which gives their
+distributions; and so on. The deepest nodes are picked but never fed, like a chain drafter's last
+token. After verification the draft cache keeps only the accepted path
+(`specbook.cache.keep_positions`), and what it has not seen yet is queued for the next step.
+
+Two ways to pick a node's children, one for each lossless case of tree verification:
+
+- `TopKTreeDrafter`: child rank r is the draft's r-th most likely token (by logit). Deterministic,
+  so it reports no p (one-hot), and verification samples the candidates without replacement --
+  the SpecInfer / Medusa top-k tree.
+- `SampledTreeDrafter`: every child is an independent draw from the draft's warped distribution p
+  (duplicates allowed) and reports p -- the i.i.d. multi-candidate setting of SpecInfer and of
+  Yang et al. 2024 (MCSD).
+"""
+
+import torch
+
+from ..cache import keep_positions
+from ..trees import TreeSpec, tree_forward
+from .base import Draft
+from .model import ModelDrafter
+
+
+class TopKTreeDrafter(ModelDrafter):
+    """Draft a tree of shape ``tree`` (a `TreeSpec`, or a branching tuple such as (2, 2, 1)) with a draft model.
+
+    ``propose(k, ...)`` drafts the nodes of depth <= k, so a step still emits at most k + 1 tokens.
+    It ignores ``keep_drafting``: a draft-length policy picks the depth, not where to stop.
+    """
+
+    def __init__(self, model: torch.nn.Module, tree=(2, 2, 1)):
+        super().__init__(model)
+        self.tree = tree if isinstance(tree, TreeSpec) else TreeSpec.from_branching(tree)
+
+    def start(self, input_ids):
+        super().start(input_ids)
+        self.fed = 0  # tree nodes the draft cache holds after the context
+
+    def _children(self, logits, ranks, sampler, generator):
+        """Tokens (m,) for m children from their parents' logits (m, vocab), and their p (None: one-hot)."""
+        order = logits.topk(max(ranks) + 1).indices  # (m, max rank + 1)
+        return order.gather(1, torch.tensor(ranks, device=order.device)[:, None])[:, 0], None
+
+    def propose(self, k, sampler, generator, keep_drafting=None):
+        tree = self.tree.truncated(k)
+        logits = self.model(torch.tensor([self.pending], device=self.device), past_key_values=self.cache,
+                            use_cache=True, logits_to_keep=1).logits[0, :, : self.vocab_size]  # (1, vocab): the root
+        tokens, probs, self.calls = [], [], self.calls + 1
+        for depth in range(1, tree.depth + 1):
+            level = [node for node, node_depth in enumerate(tree.depths) if node_depth == depth]  # contiguous
+            rows = [tree.parents[node] + 1 for node in level]  # their parents' rows in logits
+            level_tokens, level_probs = self._children(logits[rows], [tree.ranks[node] for node in level],
+                                                       sampler, generator)
+            tokens.append(level_tokens)
+            probs.append(level_probs)
+            if depth < tree.depth:  # feed this level: its distributions pick the next level
+                new = tree_forward(self.model, self.cache, level_tokens, tree.parents[: level[-1] + 1],
+                                   in_cache=level[0] + 1)[:, : self.vocab_size]  # (len(level), vocab)
+                logits = torch.cat([logits, new])  # (1 + nodes so far, vocab), row i + 1 is node i
+                self.calls += 1
+                self.fed = level[-1] + 1
+        self.pending = []
+        self.proposed = torch.cat(tokens).tolist()
+        return Draft(torch.cat(tokens), torch.cat(probs) if probs[0] is not None else None, tree.parents)
+
+    def update(self, num_accepted, next_token, path=None):
+        path = path or []  # no path: nothing was proposed this step
+        fed = [node for node in path if node < self.fed]  # accepted nodes already in the draft cache
+        context = self.cache.get_seq_length() - self.fed
+        keep_positions(self.cache, list(range(context)) + [context + node for node in fed])
+        self.pending += [self.proposed[node] for node in path[len(fed):]] + [next_token]
+        self.proposed, self.fed = [], 0
+
+
+class SampledTreeDrafter(TopKTreeDrafter):
+    """Like `TopKTreeDrafter`, but every child is an independent sample from the draft's p (reported with it)."""
+
+    def _children(self, logits, ranks, sampler, generator):
+        probs = sampler.probs(logits)  # (m, vocab)
+        return sampler.sample(probs, generator), probs
