@@ -1,0 +1,56 @@
+import pandas as pd
+import pytest
+
+from specbook.cli import CHAT_HELP, chat, main
+
+
+def test_generate_prints_the_text_and_stats(capsys):
+    main(["generate", "ROMEO:\n", "--max-new-tokens", "12", "--k", "3"])
+    out, err = capsys.readouterr()
+    assert out.startswith("ROMEO:") is False and len(out.strip()) > 0
+    assert "target calls" in err and "tokens per call" in err
+
+
+def test_generate_trace_uses_colours(capsys):
+    main(["generate", "ROMEO:\n", "--max-new-tokens", "12", "--trace"])
+    assert "\033[" in capsys.readouterr().out
+
+
+def test_greedy_ar_and_speculative_print_the_same_text(capsys):
+    main(["generate", "JULIET:\n", "--max-new-tokens", "16", "--method", "ar"])
+    ar = capsys.readouterr().out
+    main(["generate", "JULIET:\n", "--max-new-tokens", "16", "--method", "spec", "--k", "5"])
+    assert capsys.readouterr().out == ar
+
+
+def test_bad_arguments_exit_with_a_message(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "ROMEO:\n", "--k", "0"])
+    assert "must be an integer >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "ROMEO:\n", "--top-p", "1.5"])
+    assert "top_p" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("suite, rows", [("comparison", 5), ("ablation", 6)])
+def test_bench_writes_a_csv(tmp_path, capsys, suite, rows):
+    out = tmp_path / "bench.csv"
+    main(["bench", "--suite", suite, "--prompts", "open", "--ks", "1,2", "--max-new-tokens", "8", "--repeats", "1",
+          "--out", str(out)])
+    table = pd.read_csv(out)
+    assert len(table) == rows and table["same_tokens"].all()
+    assert {"method", "speedup", "tokens_per_call", "acceptance_rate", "machine", "prompts"} <= set(table.columns)
+
+
+def test_chat_switches_settings_and_generates(capsys):
+    lines = iter(["/help", "/k 2", "/method ar", "/length 5", "/top_p off", "/k zero", "ROMEO:\\n", "/quit"])
+
+    class Args:
+        pair = target = draft = device = None
+        temperature, top_k, top_p, max_new_tokens, seed = 0.0, None, None, 8, 0
+
+    chat(Args(), input_fn=lambda prompt: next(lines))
+    out = capsys.readouterr().out
+    assert CHAT_HELP in out
+    assert "'k': 2" in out and "'method': 'ar'" in out and "'length': 5" in out
+    assert "error:" in out  # /k zero

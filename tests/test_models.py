@@ -1,0 +1,93 @@
+import time
+
+import pytest
+import torch
+
+from specbook import Sampler, autoregressive_generate, load_pair, speculative_generate
+from specbook.models import assets_dir
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair("shakespeare")
+
+
+def test_loads_offline_quickly_in_eval_mode():
+    started = time.perf_counter()
+    pair = load_pair("shakespeare")
+    assert time.perf_counter() - started < 30  # "a couple of seconds"; generous for a loaded CI machine
+    for model in (pair.target, pair.draft):
+        assert not model.training
+        assert next(model.parameters()).dtype == torch.float32
+        assert model.device.type == "cpu"
+    assert pair.name == "shakespeare"
+
+
+def test_the_draft_is_much_smaller_and_shares_the_vocabulary(pair):
+    size = {name: sum(p.numel() for p in model.parameters()) for name, model in (("t", pair.target), ("d", pair.draft))}
+    assert size["d"] * 5 < size["t"]
+    assert pair.target.config.vocab_size == pair.draft.config.vocab_size == len(pair.tokenizer)
+
+
+def test_shipped_weights_are_small():
+    total = sum(path.stat().st_size for path in assets_dir("shakespeare").rglob("*.safetensors"))
+    assert total <= 40e6
+
+
+@pytest.mark.parametrize("text", ["ROMEO:\nBut, soft! what light through yonder window breaks?\n",
+                                  "smarter", "  odd   spacing\n\n\tand tabs; ünïcödé — too"])
+def test_tokenizer_round_trip(pair, text):
+    ids = pair.tokenizer(text)["input_ids"]
+    assert pair.tokenizer.decode(ids) == text
+
+
+def test_tokenizer_splits_a_rare_word_into_pieces(pair):
+    assert len(pair.tokenizer.tokenize("smarter")) > 1
+
+
+def test_return_tensors(pair):
+    ids = pair.tokenizer("ROMEO:\n", return_tensors="pt").input_ids
+    assert ids.shape[0] == 1 and ids.dtype == torch.long
+    assert torch.equal(pair.encode("ROMEO:\n"), ids)
+
+
+def test_greedy_decoding_is_deterministic_and_lossless(pair):
+    prompt = pair.encode("JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n")
+    first = autoregressive_generate(pair.target, prompt, 48, Sampler(0)).token_ids
+    assert autoregressive_generate(pair.target, prompt, 48, Sampler(0)).token_ids == first
+    reference = pair.target.generate(prompt, max_new_tokens=48, do_sample=False, attention_mask=torch.ones_like(prompt),
+                                     pad_token_id=pair.tokenizer.eos_token_id)
+    assert first == reference[0, prompt.shape[1]:].tolist()
+    assert speculative_generate(pair.target, pair.draft, prompt, 48, k=4, sampler=Sampler(0)).token_ids == first
+
+
+def test_unknown_pair_name():
+    with pytest.raises(ValueError, match="name must be one of"):
+        load_pair("marlowe")
+
+
+def test_half_a_hub_pair():
+    with pytest.raises(ValueError, match="both target= and draft="):
+        load_pair(target="org/model")
+
+
+def test_hub_pair_with_mismatched_tokenizers_is_refused(pair, tmp_path):
+    """load_pair(target=, draft=) takes any model ids or local folders; the two must share a tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    other = Tokenizer(models.BPE())
+    other.pre_tokenizer = pre_tokenizers.ByteLevel()
+    other.train_from_iterator(["to be or not to be"] * 10, trainers.BpeTrainer(vocab_size=300))
+    for folder, tokenizer in (("target", pair.tokenizer), ("draft", PreTrainedTokenizerFast(tokenizer_object=other))):
+        pair.draft.save_pretrained(tmp_path / folder)
+        tokenizer.save_pretrained(tmp_path / folder)
+    with pytest.raises(ValueError, match="share a tokenizer"):
+        load_pair(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"))
+    same = load_pair(target=str(tmp_path / "target"), draft=str(tmp_path / "target"))
+    assert same.name.endswith("target")
+
+
+def test_missing_hub_model_gives_a_clear_message():
+    with pytest.raises(OSError, match="needs a network connection"):
+        load_pair(target="specbook-test/no-such-model", draft="specbook-test/no-such-model")
