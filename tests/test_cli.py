@@ -16,6 +16,13 @@ def test_generate_trace_uses_colours(capsys):
     assert "\033[" in capsys.readouterr().out
 
 
+def test_leaves_torch_as_it_found_it(capsys):
+    import torch
+
+    main(["generate", "ROMEO:\n", "--max-new-tokens", "4"])
+    assert torch.is_grad_enabled()
+
+
 def test_greedy_ar_and_speculative_print_the_same_text(capsys):
     main(["generate", "JULIET:\n", "--max-new-tokens", "16", "--method", "ar"])
     ar = capsys.readouterr().out
@@ -54,3 +61,22 @@ def test_chat_switches_settings_and_generates(capsys):
     assert CHAT_HELP in out
     assert "'k': 2" in out and "'method': 'ar'" in out and "'length': 5" in out
     assert "error:" in out  # /k zero
+
+
+def test_hugging_face_assisted_drafts_exactly_k():
+    """HF reads the draft length from the assistant's config: k must reach it (counted with a hook)."""
+    from specbook import Sampler, load_pair
+    from specbook.bench import hugging_face_assisted
+
+    pair = load_pair("shakespeare")
+    widths = []
+    hook = pair.target.register_forward_hook(lambda module, args, kwargs, out: widths.append(kwargs["input_ids"].shape[1])
+                                             if "input_ids" in kwargs else None, with_kwargs=True)
+    try:
+        for k in (2, 5):
+            widths.clear()
+            hugging_face_assisted(pair.target, pair.draft, Sampler(0), 24, k=k).run(pair.encode("ROMEO:\n"), 0)
+            assert max(widths[1:]) == k + 1  # after the prefill, each call scores k drafts plus one
+    finally:
+        hook.remove()
+    assert pair.draft.generation_config.num_assistant_tokens != 5  # restored afterwards

@@ -68,31 +68,38 @@ def speculative(target, drafter, k, sampler, max_new_tokens, name=None):
 def hugging_face_assisted(target, draft, sampler, max_new_tokens, k=None):
     """``target.generate(assistant_model=draft)``: its own schedule when k is None, else exactly k drafts a step.
 
-    Like the other methods it never stops early (no end-of-sequence token), so all produce the same length.
+    Like the other methods it never stops early (no end-of-sequence token), so all produce the same length,
+    and it applies no repetition penalty, whatever the models' own generation configs say. Hugging Face
+    reads the draft length from the *assistant's* generation config, so a fixed k is set there for the
+    duration of the call.
     """
     from transformers import GenerationConfig
     from transformers.utils import logging
 
     options = dict(do_sample=not sampler.greedy, max_new_tokens=max_new_tokens, eos_token_id=None,
-                   pad_token_id=target.config.eos_token_id)
+                   pad_token_id=target.config.eos_token_id, repetition_penalty=1.0)
     if not sampler.greedy:
         options.update(temperature=sampler.temperature, top_k=sampler.top_k or 0, top_p=sampler.top_p or 1.0)
-    if k is not None:
-        options.update(num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
-                       assistant_confidence_threshold=0.0)
-    config = GenerationConfig(**options)
+    assistant = dict(num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
+                     assistant_confidence_threshold=0.0) if k is not None else {}
+    config = GenerationConfig(**options, **assistant)
 
     def run(input_ids, seed):
         if seed is not None:
             torch.manual_seed(seed)
+        saved = {name: getattr(draft.generation_config, name) for name in assistant}
         verbosity = logging.get_verbosity()
         logging.set_verbosity_error()  # its inner generate() call warns about its own arguments
         try:
+            for name, value in assistant.items():
+                setattr(draft.generation_config, name, value)
             with torch.inference_mode():
                 output = target.generate(input_ids, generation_config=config, assistant_model=draft,
                                          attention_mask=torch.ones_like(input_ids))
         finally:
             logging.set_verbosity(verbosity)
+            for name, value in saved.items():
+                setattr(draft.generation_config, name, value)
         return output[0, input_ids.shape[1]:].tolist(), None
     return Method("HF assisted" + (f" k={k}" if k is not None else " (its schedule)"), run, k)
 

@@ -182,9 +182,9 @@ def main(argv=None):
     _add_model_options(cha)
     _add_sampling_options(cha)
     args = parser.parse_args(argv)
-    torch.set_grad_enabled(False)
     try:
-        {"generate": generate, "bench": bench, "chat": chat}[args.command](args)
+        with torch.inference_mode():
+            {"generate": generate, "bench": bench, "chat": chat}[args.command](args)
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
 
