@@ -6,7 +6,7 @@ from specbook.decoding import autoregressive_generate, speculative_generate
 from specbook.drafters import ModelDrafter
 from specbook.sampling import Sampler
 
-from conftest import SAMPLERS, chi_square_p_value, tiny_model
+from support import SAMPLERS, chi_square_p_value, tiny_model
 
 PROMPT = torch.tensor([[3, 14, 15, 9, 2, 6, 5]])
 

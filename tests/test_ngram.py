@@ -13,7 +13,7 @@ from specbook.decoding import autoregressive_generate, speculative_generate
 from specbook.drafters import NGramDrafter, NGramStorage, PromptLookupDrafter
 from specbook.sampling import Sampler
 
-from conftest import SAMPLERS, chi_square_p_value
+from support import SAMPLERS, chi_square_p_value
 
 PROMPT = torch.tensor([[3, 14, 15, 9, 2, 6, 5]])
 REPEATING = PROMPT.repeat(1, 3)  # a prompt that repeats itself

@@ -10,7 +10,7 @@ from specbook.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
 from specbook.policies import ConfidenceStop, EntropyGuidedK, FixedK, HeuristicK
 from specbook.sampling import Sampler
 
-from conftest import tiny_model
+from support import tiny_model
 
 PROMPT = torch.tensor([[3, 14, 15, 9, 2, 6, 5]])
 

@@ -11,7 +11,7 @@ from specbook.sampling import Sampler
 from specbook.trees import (TreeSpec, tree_attention_mask, tree_forward, tree_positions, verify_tree,
                             verify_tree_greedy)
 
-from conftest import SAMPLERS, chi_square_p_value, tiny_model
+from support import SAMPLERS, chi_square_p_value, tiny_model
 
 PROMPT = torch.tensor([[3, 14, 15, 9, 2, 6, 5]])
 #        root

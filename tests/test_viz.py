@@ -351,7 +351,7 @@ def test_distributions_plot_draws_each_series():
 # --- the token trace
 
 def test_trace_emits_exactly_the_generated_tokens():
-    from conftest import tiny_model
+    from support import tiny_model
     from specbook import Sampler, speculative_generate
     from specbook.viz import trace_roles
 

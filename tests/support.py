@@ -1,0 +1,58 @@
+"""Shared test helpers: tiny random models (a few thousand parameters) so the engine's tests run in
+seconds, and the chi-square test that every lossless method must pass and every broken variant must
+fail. (A module of its own, not conftest.py, so that `from support import ...` is unambiguous.)"""
+
+import itertools
+
+import torch
+from scipy.stats import chisquare
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specbook.decoding import speculative_generate
+from specbook.sampling import Sampler
+
+
+def tiny_model(vocab_size=64, hidden_size=32, num_layers=2, seed=0, max_positions=256, eos_token_id=None):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
+                         num_attention_heads=2, num_key_value_heads=2, intermediate_size=2 * hidden_size,
+                         max_position_embeddings=max_positions, eos_token_id=eos_token_id, bos_token_id=None)
+    return LlamaForCausalLM(config).eval()
+
+
+# --- lossless under sampling: the whole output sequence follows the target's exact distribution
+
+VOCAB, NEW_TOKENS, SAMPLES = 3, 3, 1500
+SAMPLERS = [Sampler(1.0), Sampler(0.7, top_k=3, top_p=0.9)]
+
+
+def sequence_distribution(target, prompt, sampler):
+    """Exact probability of every length-NEW_TOKENS continuation under the warped target."""
+    exact = {}
+    for sequence in itertools.product(range(VOCAB), repeat=NEW_TOKENS):
+        ids = torch.cat([prompt, torch.tensor([sequence])], dim=1)
+        probs = sampler.probs(target(ids).logits[0, prompt.shape[1] - 1: -1])  # (NEW_TOKENS, vocab)
+        exact[sequence] = float(probs[torch.arange(NEW_TOKENS), list(sequence)].prod())
+    return exact
+
+
+def chi_square_p_value(target, drafter, sampler, samples=SAMPLES, prompt=(0, 1, 2), k=2):
+    """Generate NEW_TOKENS tokens ``samples`` times (seeds 0, 1, ...) and test them against the exact distribution."""
+    prompt = torch.tensor([prompt])
+    with torch.no_grad():
+        exact = sequence_distribution(target, prompt, sampler)
+    counts = dict.fromkeys(exact, 0)
+    for seed in range(samples):
+        result = speculative_generate(target, drafter, prompt, NEW_TOKENS, k=k, sampler=sampler, seed=seed)
+        counts[tuple(result.token_ids)] += 1
+    outside = sum(count for sequence, count in counts.items() if exact[sequence] == 0)
+    assert outside == 0  # nothing outside the support
+    # Cells expected fewer than 5 times are pooled into one, as the chi-square approximation needs.
+    expected = {sequence: probability * samples for sequence, probability in exact.items()}
+    big = [sequence for sequence in exact if expected[sequence] >= 5]
+    observed = [counts[s] for s in big] + [samples - sum(counts[s] for s in big)]
+    predicted = [expected[s] for s in big] + [samples - sum(expected[s] for s in big)]
+    if predicted[-1] < 1e-9:
+        observed, predicted = observed[:-1], predicted[:-1]
+    scale = sum(observed) / sum(predicted)  # removes float rounding of the exact probabilities
+    return chisquare(observed, [value * scale for value in predicted]).pvalue
