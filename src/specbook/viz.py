@@ -517,3 +517,236 @@ def render_trace(generation, tokenizer, style="html"):
         raise ValueError(f"style must be 'html' or 'ansi' (got {style!r})")
     trace = TokenTrace(generation, tokenizer)
     return trace if style == "html" else trace.ansi()
+
+
+# --------------------------------------------------------------------------------------------
+# Chapter 1: sampling warps, the roofline, the cost of a decoding step
+# --------------------------------------------------------------------------------------------
+
+def show_whitespace(text: str) -> str:
+    """A token's text with its whitespace made visible, for axis labels: " man" -> "␣man", "\\n" -> "↵"."""
+    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥")
+
+
+def warps_plot(distributions: Mapping[str, object], tokens: Sequence[str], *, ncols: int = 3,
+               ymax: float | None = None, ylabel: str = "probability"):
+    """One panel per distribution over the same few tokens: one next-token distribution, several warps.
+
+    distributions: panel title -> 1-D vector (torch or numpy) over ``tokens``, e.g. the 15 most
+    likely tokens of the unwarped distribution. The vectors need not sum to 1 (the rest of the
+    vocabulary is not shown). The panels share their axes, so the warps compare bar for bar.
+    ymax: the top of the shared y axis; a bar that reaches above it (greedy's 1.0, say) is cut
+    there and labelled with its height, so one tall bar does not flatten every other panel.
+    Returns the Figure.
+    """
+    if not distributions:
+        raise ValueError("distributions must name at least one distribution")
+    if not isinstance(ncols, (int, np.integer)) or ncols < 1:
+        raise ValueError(f"ncols must be an integer >= 1 (got {ncols!r})")
+    arrays = {name: np.asarray(torch.as_tensor(values, dtype=torch.float64))
+              for name, values in distributions.items()}
+    labels = [str(token) for token in tokens]
+    for name, array in arrays.items():
+        if array.shape != (len(labels),):
+            raise ValueError(f"distributions[{name!r}] must be a 1-D vector with one entry per token "
+                             f"({len(labels)} tokens; got shape {array.shape})")
+        if (array < 0).any() or not np.isfinite(array).all():
+            raise ValueError(f"distributions[{name!r}] must hold finite probabilities >= 0")
+    if ymax is not None and not (isinstance(ymax, (int, float)) and ymax > 0):
+        raise ValueError(f"ymax must be a number > 0 or None (got {ymax!r})")
+    ncols = min(ncols, len(arrays))
+    nrows = -(-len(arrays) // ncols)
+    fig = Figure(figsize=(4.2 * ncols, 2.9 * nrows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False)).ravel()
+    x = np.arange(len(labels))
+    for i, (ax, (name, values)) in enumerate(zip(axes, arrays.items())):
+        ax.bar(x, values, color=SERIES[i % len(SERIES)], gid=name)
+        ax.set_title(name, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        if ymax is not None:
+            ax.set_ylim(0, ymax)
+            for position in np.flatnonzero(values > ymax):
+                ax.annotate(f"{values[position]:.2f} ↑", (x[position], ymax), xytext=(3, -12),
+                            textcoords="offset points", fontsize=8, gid=f"{name}: cut")
+    for ax in axes[len(arrays):]:
+        ax.set_visible(False)
+    for ax in axes[:len(arrays)]:
+        ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
+        ax.tick_params(labelbottom=True)
+    for row in range(nrows):
+        axes[row * ncols].set_ylabel(ylabel)
+    return fig
+
+
+def roofline_plot(peak_flops: float, bandwidth: float, points: Mapping[str, float] | None = None, *,
+                  title: str | None = None, intensity_range: tuple[float, float] = (0.1, 1e4)):
+    """The roofline: attainable FLOP/s = min(peak, intensity x bandwidth), on log-log axes.
+
+    peak_flops in FLOP/s and bandwidth in bytes/s (plotted in TFLOP/s); points: label ->
+    arithmetic intensity (FLOPs per byte moved), each marked on the roof. The ridge, where the
+    two limits meet (intensity = peak / bandwidth), is the dotted line: left of it a computation
+    waits for memory, right of it for arithmetic. Returns the Figure.
+    """
+    for name, value in (("peak_flops", peak_flops), ("bandwidth", bandwidth)):
+        if not isinstance(value, (int, float)) or not value > 0 or not np.isfinite(value):
+            raise ValueError(f"{name} must be a positive number (got {value!r})")
+    low, high = intensity_range
+    if not 0 < low < high:
+        raise ValueError(f"intensity_range must be (low, high) with 0 < low < high (got {intensity_range!r})")
+    points = dict(points or {})
+    for label, intensity in points.items():
+        if not intensity > 0:
+            raise ValueError(f"points[{label!r}] must be an intensity > 0 (got {intensity!r})")
+    ridge = peak_flops / bandwidth
+    intensities = np.geomspace(low, high, 400)
+    fig = Figure(figsize=(6.5, 4.0), layout="constrained")
+    ax = fig.subplots()
+    ax.loglog(intensities, np.minimum(peak_flops, intensities * bandwidth) / 1e12, color="black", gid="roof")
+    ax.axvline(ridge, color="grey", linestyle=":", linewidth=1)
+    ax.annotate(f"ridge: {ridge:.0f} FLOP/byte", (ridge, peak_flops / 1e12), xytext=(6, -14),
+                textcoords="offset points", fontsize=8, color="grey")
+    for i, (label, intensity) in enumerate(points.items()):
+        attained = min(peak_flops, intensity * bandwidth) / 1e12
+        shown = f"{intensity:,.0f}" if intensity >= 100 else f"{intensity:.3g}"
+        ax.plot([intensity], [attained], "o", color=SERIES[i % len(SERIES)], markersize=7, gid=label,
+                label=f"{label}: {shown} FLOP/byte")
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
+    ax.set_ylabel("attainable TFLOP/s")
+    if title is not None:
+        ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    if points:
+        ax.legend(frameon=False, fontsize=8, loc="lower right")
+    return fig
+
+
+def cost_split_plot(rows: Mapping[str, Mapping[str, float]], *, xlabel: str = "milliseconds per step",
+                    title: str | None = None):
+    """Horizontal stacked bars: for each row (a setting), the time of each component (a cost).
+
+    rows: row label -> {component: value >= 0}; components are stacked in the order they first
+    appear and keep one colour across rows (a row may leave one out: it counts as 0). Returns
+    the Figure.
+    """
+    if not rows:
+        raise ValueError("rows must name at least one row")
+    components = list(dict.fromkeys(name for parts in rows.values() for name in parts))
+    for label, parts in rows.items():
+        for name, value in parts.items():
+            if not value >= 0 or not np.isfinite(value):
+                raise ValueError(f"rows[{label!r}][{name!r}] must be a finite number >= 0 (got {value!r})")
+    labels = list(rows)
+    fig = Figure(figsize=(8.0, 0.55 * len(labels) + 1.4), layout="constrained")
+    ax = fig.subplots()
+    y = np.arange(len(labels))
+    left = np.zeros(len(labels))
+    for i, name in enumerate(components):
+        widths = np.array([float(rows[label].get(name, 0.0)) for label in labels])
+        ax.barh(y, widths, left=left, color=SERIES[i % len(SERIES)], label=name, gid=name)
+        left += widths
+    ax.set_yticks(y, labels)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    if title is not None:
+        ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=len(components),
+               frameon=False, fontsize=8)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# Chapter 5: draft length over one generation, and the ablation's grouped bars
+# --------------------------------------------------------------------------------------------
+
+def _as_vector(values, name: str, length: int | None = None) -> np.ndarray:
+    """A 1-D float array (None entries become NaN), of ``length`` entries when given."""
+    array = np.array([np.nan if value is None else float(value) for value in values], dtype=float)
+    if length is not None and len(array) != length:
+        raise ValueError(f"{name} must have one entry per step ({length}), got {len(array)}")
+    return array
+
+
+def draft_length_plot(draft_lengths, accepted, entropies, smoothed=None, *, k_bounds=None,
+                      entropy_ref: float | None = None, title: str | None = None):
+    """K over one generation, under the draft's entropy: two panels that share the step axis.
+
+    draft_lengths: the tokens drafted at each step (``len(step.drafted)``); accepted: how many
+    of them the target kept (``step.accepted``); entropies: the mean entropy of the step's
+    draft distributions, in nats (None for a step that drafted nothing); smoothed: optional,
+    its moving average as the policy saw it (None where it had none yet). k_bounds: optional
+    (gamma_min, gamma_max), drawn as dashed lines; entropy_ref: optional, the entropy at which
+    K reaches gamma_min. Returns the Figure.
+    """
+    lengths = _as_vector(draft_lengths, "draft_lengths")
+    if len(lengths) == 0:
+        raise ValueError("draft_lengths must have at least one step")
+    kept = _as_vector(accepted, "accepted", len(lengths))
+    entropy = _as_vector(entropies, "entropies", len(lengths))
+    if np.isnan(lengths).any() or (lengths < 0).any():
+        raise ValueError("draft_lengths must be counts >= 0")
+    if np.isnan(kept).any() or (kept < 0).any() or (kept > lengths).any():
+        raise ValueError("accepted must be counts between 0 and the step's draft length")
+    if (entropy[~np.isnan(entropy)] < 0).any():
+        raise ValueError("entropies must be >= 0 (nats)")
+    steps = np.arange(1, len(lengths) + 1)
+    fig = Figure(figsize=(9.0, 4.6), layout="constrained")
+    entropy_ax, k_ax = fig.subplots(2, 1, sharex=True, height_ratios=[1, 1.2])
+    entropy_ax.plot(steps, entropy, "o", color=SERIES[1], markersize=3.5, gid="entropy",
+                    label="draft entropy of the step")
+    if smoothed is not None:
+        entropy_ax.plot(steps, _as_vector(smoothed, "smoothed", len(lengths)), "-", color=SERIES[0],
+                        gid="smoothed", label="moving average")
+    if entropy_ref is not None:
+        entropy_ax.axhline(entropy_ref, color="grey", linestyle=":", linewidth=1, gid="entropy_ref")
+    entropy_ax.set_ylabel("entropy (nats)")
+    entropy_ax.grid(alpha=0.3)
+    entropy_ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    k_ax.bar(steps, lengths, width=0.8, color=COLORS["rejected"], gid="drafted", label="drafted (K)")
+    k_ax.bar(steps, kept, width=0.8, color=COLORS["accepted"], gid="accepted", label="accepted")
+    if k_bounds is not None:
+        for bound in k_bounds:
+            k_ax.axhline(bound, color="black", linestyle="--", linewidth=0.8)
+    k_ax.set_xlabel("step (one target call each)")
+    k_ax.set_ylabel("tokens")
+    k_ax.grid(axis="y", alpha=0.3)
+    k_ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    if title is not None:
+        entropy_ax.set_title(title)
+    return fig
+
+
+def grouped_bars_plot(values: Mapping[str, Mapping[str, float]], *, xlabel: str,
+                      reference: float | None = None, title: str | None = None):
+    """Horizontal bars, one row per item (a method) and one bar per group (a prompt set) in each row.
+
+    values: row label -> {group: value}; groups keep one colour across rows (a row may leave one
+    out). ``reference`` draws a vertical line (1 for a speedup). Returns the Figure.
+    """
+    if not values:
+        raise ValueError("values must name at least one row")
+    groups = list(dict.fromkeys(group for row in values.values() for group in row))
+    for label, row in values.items():
+        for group, value in row.items():
+            if not np.isfinite(value):
+                raise ValueError(f"values[{label!r}][{group!r}] must be a finite number (got {value!r})")
+    labels = list(values)
+    fig = Figure(figsize=(7.0, 0.25 * len(labels) * len(groups) + 1.6), layout="constrained")
+    ax = fig.subplots()
+    height = 0.8 / len(groups)
+    y = np.arange(len(labels))
+    for i, group in enumerate(groups):
+        widths = [float(values[label].get(group, np.nan)) for label in labels]
+        ax.barh(y + (i - (len(groups) - 1) / 2) * height, widths, height=height,
+                color=SERIES[i % len(SERIES)], label=group, gid=group)
+    if reference is not None:
+        ax.axvline(reference, color="black", linewidth=0.8)
+    ax.set_yticks(y, labels)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    if title is not None:
+        ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+    fig.legend(*ax.get_legend_handles_labels(), frameon=False, fontsize=8, loc="outside lower center",
+               ncols=len(groups))
+    return fig
