@@ -644,15 +644,7 @@ def cost_split_plot(rows: Mapping[str, Mapping[str, float]], *, xlabel: str = "m
         widths = np.array([float(rows[label].get(name, 0.0)) for label in labels])
         ax.barh(y, widths, left=left, color=SERIES[i % len(SERIES)], label=name, gid=name)
         left += widths
-    ax.set_yticks(y, labels)
-    ax.invert_yaxis()
-    ax.set_xlabel(xlabel)
-    if title is not None:
-        ax.set_title(title)
-    ax.grid(axis="x", alpha=0.3)
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=len(components),
-               frameon=False, fontsize=8)
-    return fig
+    return _finish_bars(fig, ax, y, labels, xlabel, title, ncols=len(components))
 
 
 # --------------------------------------------------------------------------------------------
@@ -741,12 +733,16 @@ def grouped_bars_plot(values: Mapping[str, Mapping[str, float]], *, xlabel: str,
                 color=SERIES[i % len(SERIES)], label=group, gid=group)
     if reference is not None:
         ax.axvline(reference, color="black", linewidth=0.8)
+    return _finish_bars(fig, ax, y, labels, xlabel, title, ncols=len(groups))
+
+
+def _finish_bars(fig, ax, y, labels, xlabel, title, ncols):
+    """The shared styling of the horizontal bar charts: labels top to bottom, x grid, legend below."""
     ax.set_yticks(y, labels)
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     if title is not None:
         ax.set_title(title)
     ax.grid(axis="x", alpha=0.3)
-    fig.legend(*ax.get_legend_handles_labels(), frameon=False, fontsize=8, loc="outside lower center",
-               ncols=len(groups))
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=ncols, frameon=False, fontsize=8)
     return fig
