@@ -95,8 +95,19 @@ def test_entropy_guided_k_maps_the_moving_average_of_the_entropy():
     assert policy.next_k() == 8 and policy.entropy is None
 
 
+def test_entropy_guided_k_prefers_the_entropies_seen_while_drafting():
+    """keep_drafting sees the draft's unwarped distributions; the one-hot p of greedy sampling carries no signal."""
+    policy = EntropyGuidedK(gamma_min=1, gamma_max=8, ema=0.5, entropy_ref=2.0)
+    assert policy.keep_drafting(_flat(4)) and policy.keep_drafting(_flat(4))
+    policy.update(2, 0, torch.stack([_flat(1)] * 2))  # the one-hot p verification used
+    assert policy.entropy == pytest.approx(math.log(4))
+    assert policy.next_k() == round(8 - 7 * math.log(4) / 2)  # 3
+    policy.update(2, 2, torch.stack([_flat(2)] * 2))  # a tree drafter: no keep_drafting, its p is the signal
+    assert policy.entropy == pytest.approx(1.5 * math.log(2))
+
+
 def test_entropy_guided_k_falls_back_to_the_heuristic_without_probabilities():
-    """A deterministic drafter (probs None) or greedy sampling (one-hot p) shows no confidence: K follows acceptance."""
+    """A deterministic drafter (probs None, or one-hot p, and no keep_drafting) shows no confidence: K follows acceptance."""
     policy = EntropyGuidedK(gamma_min=2, gamma_max=6)
     one_hot = torch.stack([_flat(1)] * 6)
     ks = []
@@ -110,15 +121,22 @@ def test_entropy_guided_k_falls_back_to_the_heuristic_without_probabilities():
 
 # --- bounds over a real generation
 
-@pytest.mark.parametrize("policy, bounds", [
-    (HeuristicK(k_start=3, k_min=2, k_max=5), (2, 5)),
-    (ConfidenceStop(threshold=0.5, k_max=6), (6, 6)),
-    (EntropyGuidedK(), (1, 8)),
-    (EntropyGuidedK(gamma_min=2, gamma_max=6, ema=0.0), (2, 6)),
-], ids=repr)
-def test_adaptive_policies_stay_within_their_bounds(target, sharp_draft, policy, bounds):
+def _bounded(greedy):
+    """(policy, bounds, sampler) cases. Under greedy sampling the confidence policies still move -- they
+    read the draft's own distribution, not the one-hot p -- while a tiny random pair rarely agrees
+    greedily, so the accept-driven HeuristicK is tested sampled only."""
+    cases = [(ConfidenceStop(threshold=0.5, k_max=6), (6, 6)), (EntropyGuidedK(), (1, 8)),
+             (EntropyGuidedK(gamma_min=2, gamma_max=6, ema=0.0), (2, 6))]
+    if greedy:
+        return [(policy, bounds, Sampler(0)) for policy, bounds in cases]
+    return [(policy, bounds, Sampler(1.0)) for policy, bounds in [(HeuristicK(k_start=3, k_min=2, k_max=5), (2, 5))]
+            + cases]
+
+
+@pytest.mark.parametrize("policy, bounds, sampler", _bounded(greedy=False) + _bounded(greedy=True), ids=repr)
+def test_adaptive_policies_stay_within_their_bounds(target, sharp_draft, policy, bounds, sampler):
     ks = _record_k(policy)
-    result = speculative_generate(target, ModelDrafter(sharp_draft), PROMPT, 60, k=policy, sampler=Sampler(1.0), seed=0)
+    result = speculative_generate(target, ModelDrafter(sharp_draft), PROMPT, 60, k=policy, sampler=sampler, seed=0)
     assert bounds[0] <= min(ks) and max(ks) <= bounds[1]
     assert all(len(step.drafted) <= k for step, k in zip(result.steps, ks))
     if isinstance(policy, ConfidenceStop):  # K is fixed; the draft length is what adapts

@@ -31,7 +31,12 @@ class DraftLength:
         raise NotImplementedError
 
     def keep_drafting(self, draft_probs: torch.Tensor) -> bool:
-        """After a token was drafted from ``draft_probs`` (vocab,): draft another one?"""
+        """After a token was drafted: draft another one?
+
+        ``draft_probs`` (vocab,) is the draft model's own next-token distribution, the softmax of
+        its logits before the sampler's warp -- its confidence, which greedy sampling (a one-hot p)
+        would otherwise hide.
+        """
         return True
 
     def update(self, drafted: int, accepted: int, draft_probs: torch.Tensor | None) -> None:
@@ -89,10 +94,11 @@ class ConfidenceStop(DraftLength):
     """Draft up to ``k_max`` tokens, but stop after a token whose draft distribution peaks under ``threshold``.
 
     Hugging Face's ``assistant_confidence_threshold``: a draft unsure of its own token (top
-    probability max_x p(x) < threshold) is unlikely to match the target, so drafting past it
-    wastes draft calls and verification positions. The unsure token itself is still proposed.
-    Only model drafters report probabilities: with a deterministic drafter (n-grams), and under
-    greedy sampling (one-hot p, top probability 1), it never stops early and acts as FixedK(k_max).
+    probability max_x p(x) < threshold, read from the draft's unwarped distribution, so it works
+    under greedy sampling too) is unlikely to match the target, so drafting past it wastes draft
+    calls and verification positions. The unsure token itself is still proposed. Only model
+    drafters drafting a chain report their confidence: with a deterministic drafter (n-grams) it
+    never stops early and acts as FixedK(k_max).
     """
 
     def __init__(self, threshold: float = 0.5, k_max: int = 8):
@@ -125,11 +131,13 @@ class EntropyGuidedK(HeuristicK):
     unsure rarely sees long runs accepted. The first step drafts gamma_max. (The same idea, the
     draft's entropy as a predictor of acceptance, drives AdaEDL's early stopping, Agrawal et al. 2024.)
 
-    The signal needs real distributions. A deterministic drafter reports none (probs None), and
-    under greedy sampling every p is one-hot, entropy 0, whatever the draft believes. A step with
-    zero entropy therefore carries no confidence signal, and the policy falls back to HeuristicK's
-    accept-driven schedule (grow by 2 on a fully accepted step, shrink by 1 otherwise) between
-    gamma_min and gamma_max.
+    The entropies are those of the draft model's own distributions (before the sampler's warp),
+    which a chain drafter shows ``keep_drafting`` token by token -- under greedy sampling the p
+    that verification uses is one-hot, entropy 0, whatever the draft believes. A drafter that
+    reports its p but does not draft token by token (a tree drafter) gives the step's p instead. A
+    deterministic drafter (n-grams) shows no confidence at all, and the policy then falls back to
+    HeuristicK's accept-driven schedule (grow by 2 on a fully accepted step, shrink by 1
+    otherwise) between gamma_min and gamma_max.
     """
 
     def __init__(self, gamma_min: int = 1, gamma_max: int = 8, ema: float = 0.5, entropy_ref: float = 2.0):
@@ -144,15 +152,25 @@ class EntropyGuidedK(HeuristicK):
         super().__init__(k_start=gamma_max, k_min=gamma_min, k_max=gamma_max)
         self.ema, self.entropy_ref = ema, entropy_ref
         self.entropy = None  # the moving average H, None before the first informative step
+        self.step_entropies = []  # this step's, from keep_drafting: 0-d tensors (kept on the device)
 
     def start(self) -> None:
         super().start()
-        self.entropy = None
+        self.entropy, self.step_entropies = None, []
+
+    def keep_drafting(self, draft_probs):
+        self.step_entropies.append(torch.special.entr(draft_probs).sum())
+        return True
 
     def update(self, drafted, accepted, draft_probs):
-        step_entropy = float(torch.special.entr(draft_probs).sum(-1).mean()) if drafted and draft_probs is not None \
-            else 0.0
-        if step_entropy == 0:  # no confidence signal: a deterministic drafter, or one-hot p under greedy sampling
+        entropies, self.step_entropies = self.step_entropies, []
+        if entropies:
+            step_entropy = float(torch.stack(entropies).mean())
+        elif drafted and draft_probs is not None:
+            step_entropy = float(torch.special.entr(draft_probs).sum(-1).mean())
+        else:
+            step_entropy = 0.0
+        if step_entropy == 0:  # no confidence signal: a deterministic drafter (one-hot p, or none)
             super().update(drafted, accepted, draft_probs)
             return
         self.entropy = step_entropy if self.entropy is None else self.ema * self.entropy + (1 - self.ema) * step_entropy

@@ -40,12 +40,13 @@ class ModelDrafter(Drafter):
         tokens, probs = [], []
         inputs = torch.tensor([self.pending], device=self.device)  # (1, n)
         for _ in range(k):
-            logits = self.model(inputs, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits
-            step_probs = sampler.probs(logits[0, -1, : self.vocab_size])  # (vocab,)
+            logits = self.model(inputs, past_key_values=self.cache, use_cache=True,
+                                logits_to_keep=1).logits[0, -1, : self.vocab_size]  # (vocab,)
+            step_probs = sampler.probs(logits)  # (vocab,): the warped p, what verification uses
             token = sampler.sample(step_probs, generator)  # ()
             tokens.append(token)
             probs.append(step_probs)
-            if keep_drafting is not None and not keep_drafting(step_probs):
+            if keep_drafting is not None and not keep_drafting(logits.float().softmax(-1)):  # its own confidence
                 break
             inputs = token.view(1, 1)
         self.calls += len(tokens)
