@@ -7,8 +7,9 @@ the draft's cost per token relative to the target's.
 
 from . import display  # noqa: F401  (registers and enables the "specbook" Altair renderer)
 from .decoding import Generation, Stats, Step, autoregressive_generate, speculative_generate
-from .drafters import (Draft, Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter, SampledTreeDrafter,
-                       TopKTreeDrafter)
+from .drafters import (Draft, Drafter, EagleDrafter, MedusaDrafter, ModelDrafter, NGramDrafter, PromptLookupDrafter,
+                       SampledTreeDrafter, TopKTreeDrafter)
+from .heads import EagleHead, MedusaHeads
 from .models import ModelPair, load_pair
 from .policies import ConfidenceStop, DraftLength, EntropyGuidedK, FixedK, HeuristicK
 from .rejection import acceptance_rate, output_distribution, residual_distribution, verify_chain
@@ -17,9 +18,10 @@ from .theory import expected_tokens_per_step, optimal_k, speedup
 from .trees import TreeSpec, tree_attention_mask, tree_positions, verify_tree, verify_tree_greedy
 
 __all__ = [
-    "ConfidenceStop", "Draft", "DraftLength", "Drafter", "EntropyGuidedK", "FixedK", "Generation", "HeuristicK",
-    "ModelDrafter", "ModelPair", "NGramDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "Sampler", "Stats",
-    "Step", "TopKTreeDrafter", "TreeSpec", "acceptance_rate", "autoregressive_generate", "expected_tokens_per_step",
-    "load_pair", "optimal_k", "output_distribution", "residual_distribution", "speculative_generate", "speedup",
-    "tree_attention_mask", "tree_positions", "verify_chain", "verify_tree", "verify_tree_greedy",
+    "ConfidenceStop", "Draft", "DraftLength", "Drafter", "EagleDrafter", "EagleHead", "EntropyGuidedK", "FixedK",
+    "Generation", "HeuristicK", "MedusaDrafter", "MedusaHeads", "ModelDrafter", "ModelPair", "NGramDrafter",
+    "PromptLookupDrafter", "SampledTreeDrafter", "Sampler", "Stats", "Step", "TopKTreeDrafter", "TreeSpec",
+    "acceptance_rate", "autoregressive_generate", "expected_tokens_per_step", "load_pair", "optimal_k",
+    "output_distribution", "residual_distribution", "speculative_generate", "speedup", "tree_attention_mask",
+    "tree_positions", "verify_chain", "verify_tree", "verify_tree_greedy",
 ]

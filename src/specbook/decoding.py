@@ -14,6 +14,10 @@ the last one, which is "pending" and is fed first in the next call. Verification
 [pending, d_1, ..., d_K] (K + 1 positions) and gets q_1 ... q_{K+1} back; rollback then crops the
 rejected drafts off the cache, so the prefix is never recomputed. A tree step feeds [pending,
 node 0, ..., node n-1] and keeps the prefix, the pending token and the accepted path.
+
+A drafter that reads the target's hidden states (``Drafter.uses_features``: Medusa, EAGLE) gets
+them from the same target calls: the engine runs the target's base model, then its LM head on
+the features, and hands the features of the committed positions to the drafter.
 """
 
 import time
@@ -23,10 +27,11 @@ import torch
 
 from .cache import keep_positions, new_cache, rollback
 from .drafters import Drafter, ModelDrafter
+from .heads import target_features
 from .policies import as_policy
 from .rejection import verify_chain
 from .sampling import Sampler
-from .trees import tree_forward, verify_tree
+from .trees import tree_model_inputs, verify_tree
 
 
 @dataclass
@@ -88,12 +93,28 @@ def _generator(seed, device):
     return None if seed is None else torch.Generator(device).manual_seed(seed)
 
 
-def _prefill(model, input_ids):
-    """Fill a new cache with all prompt tokens but the last, which is returned as pending."""
-    cache = new_cache(model)
-    if input_ids.shape[1] > 1:
-        model(input_ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return cache, input_ids[0, -1:].tolist()
+def _prefill(model, input_ids, features=False):
+    """Fill a new cache with all prompt tokens but the last, which is returned as pending.
+
+    With ``features``, also return the model's features at those T - 1 positions (None for a
+    one-token prompt); the prefill then runs the base model alone and computes no logits.
+    """
+    cache, context, hidden = new_cache(model), input_ids[:, :-1], None
+    if context.shape[1] and features:
+        hidden = target_features(model, context, past_key_values=cache, use_cache=True)[0]  # (T - 1, hidden)
+    elif context.shape[1]:
+        model(context, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return cache, input_ids[0, -1:].tolist(), hidden
+
+
+def _target_forward(target, cache, input_ids, features, **inputs):
+    """The target on ``input_ids`` (1, n) after ``cache``: its logits (n, vocab), and its features (n, hidden)
+    when ``features`` is set (else None): the base model, then the LM head -- the arithmetic of
+    ``target(...)``, with the hidden states kept. ``inputs``: a tree's mask and positions."""
+    if not features:
+        return target(input_ids, past_key_values=cache, use_cache=True, **inputs).logits[0], None
+    hidden = target_features(target, input_ids, past_key_values=cache, use_cache=True, **inputs)[0]  # (n, hidden)
+    return target.get_output_embeddings()(hidden), hidden
 
 
 def _finish(token_ids, eos_token_id, tokenizer):
@@ -110,7 +131,7 @@ def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(),
     _check_inputs(model, input_ids, max_new_tokens)
     generator = _generator(seed, model.device)
     started = time.perf_counter()
-    cache, pending = _prefill(model, input_ids)
+    cache, pending, _ = _prefill(model, input_ids)
     vocab = _vocab_size(model)
     token_ids = []
     while len(token_ids) < max_new_tokens and (not token_ids or token_ids[-1] != eos_token_id):
@@ -132,6 +153,9 @@ def _as_drafter(drafter, target):
     if isinstance(drafter, ModelDrafter):
         _check_same_vocabulary(target, drafter.model)
         drafter.vocab_size = min(_vocab_size(target), _vocab_size(drafter.model))
+    if drafter.uses_features and getattr(drafter, "target", target) is not target:
+        raise ValueError(f"{type(drafter).__name__} reads the features of another model than this target: "
+                         "build it on the target you verify with")
     return drafter
 
 
@@ -156,16 +180,17 @@ def _draft_probs(draft, vocab):
     return torch.nn.functional.one_hot(draft.tokens, vocab).float()
 
 
-def _chain_step(target, cache, pending, draft, drafter, sampler, generator, vocab):
+def _chain_step(target, cache, pending, draft, drafter, sampler, generator, vocab, features):
     """Verify a chain of drafts (or none) with one target call; roll ``cache`` back and tell ``drafter``.
 
     Returns the `Step`, the target's distributions at the committed positions (accepted + 1, vocab)
-    and the draft's distributions (or None), for the drafter's and the policy's hooks.
+    and the draft's distributions (or None), for the drafter's and the policy's hooks, and, when
+    ``features`` is set, the target's features at the committed positions (accepted + 1, hidden).
     """
     drafted = draft.tokens if draft is not None else torch.empty(0, dtype=torch.long, device=target.device)
     inputs = torch.cat([torch.tensor(pending, device=target.device), drafted])[None]  # (1, n + 1)
-    logits = target(inputs, past_key_values=cache, use_cache=True).logits[0, -inputs.shape[1]:, :vocab]
-    target_probs = sampler.probs(logits)  # (n + 1, vocab)
+    logits, hidden = _target_forward(target, cache, inputs, features)
+    target_probs = sampler.probs(logits[:, :vocab])  # (n + 1, vocab)
     if len(drafted):
         accepted, next_token, bonus = verify_chain(drafted, _draft_probs(draft, vocab), target_probs, generator,
                                                    validate=False)
@@ -174,18 +199,22 @@ def _chain_step(target, cache, pending, draft, drafter, sampler, generator, voca
     rollback(cache, len(drafted) - accepted)
     drafter.update(accepted, next_token)
     step = Step(drafted.tolist(), accepted, next_token, bonus)
-    return step, target_probs[: accepted + 1], draft.probs if draft is not None else None
+    return (step, target_probs[: accepted + 1], draft.probs if draft is not None else None,
+            hidden[: accepted + 1] if features else None)
 
 
-def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab):
+def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab, features):
     """Verify a tree draft with one target call; keep the accepted path in ``cache`` and tell ``drafter``.
 
     Returns the `Step`, the target's distributions at the committed positions (accepted + 1, vocab)
-    and the draft's along ``step.drafted`` (or None), for the drafter's and the policy's hooks.
+    and the draft's along ``step.drafted`` (or None), for the drafter's and the policy's hooks, and,
+    when ``features`` is set, the target's features at the committed positions (accepted + 1, hidden).
     """
     context = cache.get_seq_length()
-    inputs = torch.cat([torch.tensor(pending, device=target.device), draft.tokens])  # (n + 1,): root, nodes
-    target_probs = sampler.probs(tree_forward(target, cache, inputs, draft.parents)[:, :vocab])  # (n + 1, vocab)
+    inputs = torch.cat([torch.tensor(pending, device=target.device), draft.tokens])[None]  # (1, n + 1): root, nodes
+    logits, hidden = _target_forward(target, cache, inputs, features,
+                                     **tree_model_inputs(draft.parents, context, 0, target.dtype, target.device))
+    target_probs = sampler.probs(logits[:, :vocab])  # (n + 1, vocab)
     path, next_token, bonus = verify_tree(draft.tokens, draft.parents, _draft_probs(draft, vocab), target_probs,
                                           generator, validate=False)
     committed = [0] + [node + 1 for node in path]  # rows: the root, then the accepted nodes
@@ -194,7 +223,8 @@ def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab
     last = path[-1] if path else -1
     walked = path + [node for node, parent in enumerate(draft.parents) if parent == last][:1]  # + first rejected
     step = Step(draft.tokens[walked].tolist(), len(path), next_token, bonus, tree_nodes=len(draft))
-    return step, target_probs[committed], draft.probs[walked] if draft.probs is not None else None
+    return (step, target_probs[committed], draft.probs[walked] if draft.probs is not None else None,
+            hidden[committed] if features else None)
 
 
 @torch.inference_mode()
@@ -212,8 +242,11 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     drafter = _as_drafter(drafter, target)
     generator = _generator(seed, target.device)
     started = time.perf_counter()
-    cache, pending = _prefill(target, input_ids)
+    features = drafter.uses_features
+    cache, pending, prompt_features = _prefill(target, input_ids, features)
     drafter.start(input_ids)
+    if prompt_features is not None:
+        drafter.observe_features(prompt_features)
     policy.start()
     vocab = min(_vocab_size(target), getattr(drafter, "vocab_size", _vocab_size(target)))
     token_ids, steps = [], []
@@ -221,9 +254,11 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
         budget = min(policy.next_k(), max_new_tokens - len(token_ids) - 1)  # a step emits up to budget + 1 tokens
         draft = drafter.propose(budget, sampler, generator, policy.keep_drafting) if budget > 0 else None
         tree = draft is not None and draft.parents is not None
-        step, committed_probs, step_draft_probs = (_tree_step if tree else _chain_step)(
-            target, cache, pending, draft, drafter, sampler, generator, vocab)
+        step, committed_probs, step_draft_probs, committed_features = (_tree_step if tree else _chain_step)(
+            target, cache, pending, draft, drafter, sampler, generator, vocab, features)
         drafter.observe_target(committed_probs)  # the target at the committed positions
+        if features:
+            drafter.observe_features(committed_features)
         policy.update(len(step.drafted), step.accepted, step_draft_probs)
         steps.append(step)
         token_ids += step.drafted[: step.accepted] + [step.next_token]

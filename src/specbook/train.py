@@ -14,6 +14,12 @@ Stages, each resumable and skipped when its output already exists:
                  soft labels, minimising KL(q || p) at every position (Hinton et al. 2015; this is
                  the "distillation improves acceptance" recipe of DistillSpec, Zhou et al. 2024).
                  A baseline draft trained on the data alone is kept to report α before distillation.
+5. ``medusa``    Medusa heads on the frozen target (`specbook.heads.MedusaHeads`): head i learns the
+                 token i + 2 ahead from the target's last hidden state (Cai et al. 2024).
+6. ``eagle``     an EAGLE head on the frozen target (`specbook.heads.EagleHead`): one layer that
+                 predicts the target's next hidden state from the last one and the next token
+                 (Li et al. 2024).
+7. ``card``      measures what ships and writes the model card, ``README.md``.
 
 Training checkpoints (model, optimizer, step, random state) are written every ``--ckpt-every``
 steps so that an interrupted run picks up where it stopped.
@@ -27,14 +33,17 @@ import platform
 import re
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .heads import EagleHead, MedusaHeads, eagle_predictions, head_accuracy, medusa_predictions
+
 HELD_OUT_PLAYS = ("macbeth", "the-tempest", "twelfth-night")
-STAGES = ("corpus", "tokenizer", "target", "draft", "card")
+STAGES = ("corpus", "tokenizer", "target", "draft", "medusa", "eagle", "card")
 EOS = "<|endoftext|>"
 
 
@@ -119,9 +128,9 @@ def train_tokenizer(text_path, out_dir, vocab_size=2048):
 # ----------------------------------------------------------------------------- models
 
 MODEL_CONFIGS = {
-    # 8 layers x 256: about 8 ms per decoded token on two CPU cores, batch 1, with the KV cache --
+    # 12 layers x 256: about 9.5 ms per decoded token on two CPU cores, batch 1, with the KV cache --
     # at this size a layer's fixed framework overhead outweighs its arithmetic, so depth sets the cost.
-    "target": dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=4, intermediate_size=768,
+    "target": dict(hidden_size=256, num_hidden_layers=12, num_attention_heads=4, intermediate_size=768,
                    max_position_embeddings=512),
     # 1 layer x 192: under 1 ms per token -- framework overhead, not arithmetic, sets its cost.
     "draft": dict(hidden_size=192, num_hidden_layers=1, num_attention_heads=3, intermediate_size=512,
@@ -129,15 +138,40 @@ MODEL_CONFIGS = {
 }
 
 
-def new_model(kind, tokenizer, seed):
+def new_model(kind, tokenizer, seed, **overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer), bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True, rope_theta=10000.0, **MODEL_CONFIGS[kind],
+        tie_word_embeddings=True, rope_theta=10000.0, **{**MODEL_CONFIGS[kind], **overrides},
     )
     return LlamaForCausalLM(config)
+
+
+@torch.no_grad()
+def grow(model, deeper):
+    """Copy ``model``'s weights into the deeper ``deeper`` so that it computes the same function.
+
+    The old layers are spread evenly among the new depth; every inserted layer starts as an
+    identity -- its attention output and MLP down projections are zero, so it adds nothing to the
+    residual stream until training moves it (Net2DeeperNet, Chen et al. 2016). Training a shallow
+    target first and the deep one on from there costs far less than training the deep one from
+    scratch. Returns ``deeper``.
+    """
+    old, new = model.model.layers, deeper.model.layers
+    if len(new) < len(old):
+        raise ValueError(f"grow: the deeper model has {len(new)} layers, fewer than the model's {len(old)}")
+    places = [index * len(new) // len(old) for index in range(len(old))]  # 8 -> 12: 0, 1, 3, 4, 6, 7, 9, 10
+    for index, layer in enumerate(new):
+        if index in places:
+            layer.load_state_dict(old[places.index(index)].state_dict())
+        else:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    for part in ("model.embed_tokens", "model.norm", "lm_head"):  # (the built-in pair ties the LM head to the embedding)
+        deeper.get_submodule(part).load_state_dict(model.get_submodule(part).state_dict())
+    return deeper
 
 
 # ----------------------------------------------------------------------------- training
@@ -153,6 +187,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 200
     ckpt_every: int = 100
+    copy_rate: float = 0.0  # the share of windows in which an earlier passage is repeated (see batches)
 
 
 def encode_file(tokenizer, path):
@@ -161,10 +196,26 @@ def encode_file(tokenizer, path):
 
 
 def batches(tokens, config, generator):
-    """Endless random windows of ``block_size + 1`` tokens: (batch, block_size) inputs and targets."""
+    """Endless random windows of ``block_size + 1`` tokens: (batch, block_size) inputs and targets.
+
+    In a share ``config.copy_rate`` of the windows a passage of 16 to 192 tokens from the first
+    half is written again further on, over the text that stood there. A language model learns to
+    continue a passage it has already seen in its context (induction heads, Olsson et al. 2022)
+    from text that repeats itself, and plays repeat too little for a model this small to learn it
+    from a few million tokens. It is what makes prompt lookup and n-gram drafting (chapter 5) pay
+    off on input-grounded prompts, as they do with real LLMs.
+    """
     while True:
         starts = torch.randint(0, len(tokens) - config.block_size - 1, (config.batch_size,), generator=generator)
         window = torch.stack([tokens[s : s + config.block_size + 1] for s in starts])
+        if config.copy_rate:
+            copied = torch.rand(config.batch_size, generator=generator) < config.copy_rate
+            for row in copied.nonzero()[:, 0].tolist():
+                length = int(torch.randint(16, 193, (), generator=generator))
+                source = int(torch.randint(0, config.block_size // 2 - length + 1, (), generator=generator)) \
+                    if length <= config.block_size // 2 else 0
+                target = int(torch.randint(source + length, config.block_size + 2 - length, (), generator=generator))
+                window[row, target : target + length] = window[row, source : source + length].clone()
         yield window[:, :-1], window[:, 1:]
 
 
@@ -203,8 +254,25 @@ def _kl(teacher_logp, student_logits):
     return (teacher_logp.exp() * (teacher_logp - student_logp)).sum(-1).mean()
 
 
-def train_model(model, train_tokens, valid_tokens, config, ckpt_dir, device, teacher=None, desc="train"):
-    """Train ``model`` (cross entropy, or KL to ``teacher`` when given), resuming from ``ckpt_dir``."""
+def _language_model_loss(model, teacher, inputs, targets):
+    """Next-token cross entropy, or KL(q || p) to ``teacher``'s distributions when given."""
+    logits = model(inputs).logits.float()
+    if teacher is None:
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    with torch.no_grad():
+        teacher_logp = teacher(inputs).logits.float().log_softmax(-1)
+    return _kl(teacher_logp, logits)
+
+
+def train_model(model, train_tokens, valid_tokens, config, ckpt_dir, device, teacher=None, desc="train",
+                loss_fn=None, evaluate_fn=None):
+    """Train ``model`` (cross entropy, or KL to ``teacher`` when given), resuming from ``ckpt_dir``.
+
+    A model that is not a language model (a head) brings its own ``loss_fn(inputs, targets)`` and
+    ``evaluate_fn()`` (a dict of held-out metrics).
+    """
+    loss_fn = loss_fn or partial(_language_model_loss, model, teacher)
+    evaluate_fn = evaluate_fn or partial(evaluate, model, valid_tokens, config, device, teacher)
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     model.to(device).train()
@@ -231,13 +299,7 @@ def train_model(model, train_tokens, valid_tokens, config, ckpt_dir, device, tea
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
         inputs, targets = (t.to(device) for t in next(data))
-        logits = model(inputs).logits.float()
-        if teacher is None:
-            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        else:
-            with torch.no_grad():
-                teacher_logp = teacher(inputs).logits.float().log_softmax(-1)
-            loss = _kl(teacher_logp, logits)
+        loss = loss_fn(inputs, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -246,7 +308,7 @@ def train_model(model, train_tokens, valid_tokens, config, ckpt_dir, device, tea
         state["step"] = step + 1
         state["seconds"] = time.perf_counter() - started
         if state["step"] % config.eval_every == 0 or state["step"] == config.steps:
-            metrics = evaluate(model, valid_tokens, config, device, teacher)
+            metrics = evaluate_fn()
             state["log"].append({"step": state["step"], "train_loss": loss.item(), **metrics})
             progress.write(f"{desc} step {state['step']}: {metrics}")
         if state["step"] % config.ckpt_every == 0 or state["step"] == config.steps:
@@ -268,15 +330,63 @@ def load_trained(out_dir, device):
     return AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).to(device).eval()
 
 
+# ----------------------------------------------------------------------------- heads on the frozen target
+
+def medusa_loss(heads, target, inputs, targets, decay=0.8):
+    """Medusa-1's loss (Cai et al. 2024, Section 2.2.1): sum over heads of decay^i x head i's cross entropy.
+
+    Head i is scored on the text's token i + 2 ahead; the weights decay^i (Medusa's lambda_k = 0.8^k)
+    favour the nearer heads, whose tokens are more predictable and verified first.
+    """
+    window = torch.cat([inputs, targets[:, -1:]], 1)  # (batch, block + 1): the whole text window
+    return sum(decay ** i * F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+               for i, (logits, labels) in enumerate(medusa_predictions(heads, target, window)))
+
+
+def eagle_loss(head, target, inputs, targets, noise=0.1, classification_weight=0.1):
+    """EAGLE's loss (Li et al. 2024, Section 4.2): SmoothL1(f̂, f) + 0.1 x CrossEntropy(q, p̂).
+
+    The regression term pulls the predicted features f̂_{t+1} to the target's true ones; the
+    classification term scores the draft's distribution p̂ = softmax(lm_head(f̂_{t+1})) against the
+    target's own q = softmax(lm_head(f_{t+1})), the distribution drafts are verified against. The
+    input features get uniform noise in [-0.1, 0.1] (drawn from torch's global generator): at
+    inference the head reads its own, imperfect predictions.
+    """
+    window = torch.cat([inputs, targets[:, -1:]], 1)  # (batch, block + 1)
+    predicted, true = eagle_predictions(head, target, window, noise)  # (batch, block, hidden) each
+    lm_head = target.get_output_embeddings()
+    target_probs = lm_head(true).float().softmax(-1)  # (batch, block, vocab)
+    draft_logp = lm_head(predicted).float().log_softmax(-1)
+    return F.smooth_l1_loss(predicted, true) - classification_weight * (target_probs * draft_logp).sum(-1).mean()
+
+
+def save_head(head, out_dir, meta):
+    """Save a head in float16 (`specbook.heads`: config.json, model.safetensors) with its training.json."""
+    head.save(out_dir)
+    (Path(out_dir) / "training.json").write_text(json.dumps(meta, indent=2))
+
+
+def train_head(head, loss, target, train_tokens, valid_tokens, config, ckpt_dir, device, desc):
+    """Train ``head`` with ``loss(head, target, inputs, targets)``; held-out metrics are `head_accuracy`'s."""
+    return train_model(head, train_tokens, valid_tokens, config, ckpt_dir, device, desc=desc,
+                       loss_fn=partial(loss, head, target),
+                       evaluate_fn=partial(head_accuracy, target, head, valid_tokens, config.block_size, 16))
+
+
 # ----------------------------------------------------------------------------- command line
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m specbook.train", description=__doc__.split("\n")[0])
     parser.add_argument("--work", default="data/train", help="corpus, token ids and checkpoints (default: %(default)s)")
     parser.add_argument("--out", default="src/specbook/assets/shakespeare", help="where the pair is saved")
-    parser.add_argument("--stages", default="corpus,tokenizer,target,draft,card", help="comma-separated stages to run")
-    parser.add_argument("--target-steps", type=int, default=2400)
-    parser.add_argument("--draft-steps", type=int, default=1500)
+    parser.add_argument("--stages", default=",".join(STAGES), help="comma-separated stages to run (default: all)")
+    parser.add_argument("--shallow-layers", type=int, default=8, help="the target's depth in its first phase")
+    parser.add_argument("--shallow-steps", type=int, default=700, help="training steps of the first phase")
+    parser.add_argument("--target-steps", type=int, default=500, help="training steps after growing to full depth")
+    parser.add_argument("--draft-steps", type=int, default=400)
+    parser.add_argument("--medusa-steps", type=int, default=300)
+    parser.add_argument("--medusa-heads", type=int, default=4, help="how many Medusa heads (default: %(default)s)")
+    parser.add_argument("--eagle-steps", type=int, default=500)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
@@ -309,10 +419,18 @@ def main(argv=None):
     print(f"tokens: train {len(train_tokens):,}, valid {len(valid_tokens):,}")
 
     if "target" in stages:
-        config = TrainConfig(steps=args.target_steps, seed=args.seed)
-        model = new_model("target", tokenizer, args.seed)
+        # Two phases: a shallow target from scratch, then grown to the full depth and trained on.
+        shallow_config = TrainConfig(steps=args.shallow_steps, seed=args.seed)
+        shallow = new_model("target", tokenizer, args.seed, num_hidden_layers=args.shallow_layers)
+        shallow_state = train_model(shallow, train_tokens, valid_tokens, shallow_config, work / "ckpt-target-shallow",
+                                    args.device, desc=f"target, {args.shallow_layers} layers")
+        config = TrainConfig(steps=args.target_steps, lr=1e-3, warmup=50, seed=args.seed + 2, copy_rate=0.25)
+        model = grow(shallow.cpu(), new_model("target", tokenizer, args.seed))
         state = train_model(model, train_tokens, valid_tokens, config, work / "ckpt-target", args.device, desc="target")
-        save_model(model, out / "target", {"config": asdict(config), "hardware": hardware, **state})
+        shallow_meta = {"layers": args.shallow_layers, "config": asdict(shallow_config), **shallow_state}
+        total = {"step": shallow_state["step"] + state["step"], "seconds": shallow_state["seconds"] + state["seconds"]}
+        save_model(model, out / "target", {"config": asdict(config), "hardware": hardware, **state, **total,
+                                           "grown_from": shallow_meta})
     if "draft" in stages:
         target = load_trained(out / "target", args.device)
         for param in target.parameters():
@@ -325,6 +443,21 @@ def main(argv=None):
             state["final"] = evaluate(model, valid_tokens, config, args.device, teacher=target)
             meta = {"config": asdict(config), "hardware": hardware, "distilled": teacher is not None, **state}
             save_model(model, out / name, meta)
+    if stages & {"medusa", "eagle"}:
+        target = load_trained(out / "target", args.device).requires_grad_(False)
+    if "medusa" in stages:
+        config = TrainConfig(steps=args.medusa_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 3)
+        heads = MedusaHeads(target.config.hidden_size, args.medusa_heads)
+        state = train_head(heads, medusa_loss, target, train_tokens, valid_tokens, config, work / "ckpt-medusa",
+                           args.device, desc="medusa")
+        save_head(heads, out / "medusa", {"config": asdict(config), "hardware": hardware, **state})
+    if "eagle" in stages:
+        config = TrainConfig(steps=args.eagle_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 4)
+        torch.manual_seed(args.seed + 4)  # the head's initial weights and the feature noise
+        head = EagleHead(target.config)
+        state = train_head(head, eagle_loss, target, train_tokens, valid_tokens, config, work / "ckpt-eagle",
+                           args.device, desc="eagle")
+        save_head(head, out / "eagle", {"config": asdict(config), "hardware": hardware, **state})
     if "card" in stages:
         from .bench import machine
         write_card(out, work, {"machine": machine()})
@@ -368,9 +501,56 @@ def write_card(out, work, log):
         greedy_before=alpha["undistilled"]["greedy"], sampled_before=alpha["undistilled"]["sampled"],
         target_sample=samples["target"], draft_sample=samples["draft"],
         target_config=MODEL_CONFIGS["target"], draft_config=MODEL_CONFIGS["draft"],
+        target_phases=_phases(meta["target"]),
     )
+    card += heads_section(out, pair, prompts, valid_tokens)
     (out / "README.md").write_text(card)
     print(card)
+
+
+def heads_section(out, pair, prompts, valid_tokens):
+    """The model card's section on the Medusa and EAGLE heads in ``out``, measured with ``pair``'s target."""
+    if not all((out / kind / "config.json").exists() for kind in ("medusa", "eagle")):
+        return "\n## Medusa and EAGLE heads\n\nNot trained yet: `python -m specbook.train --stages medusa,eagle,card`\n"
+    from .drafters import EagleDrafter, MedusaDrafter, ModelDrafter
+    from .drafters.medusa import DEFAULT_TREE
+    from .heads import acceptance
+
+    medusa_heads, eagle_head = MedusaHeads.from_pretrained(out / "medusa", pair.target), \
+        EagleHead.from_pretrained(out / "eagle", pair.target)
+    medusa_accuracy = head_accuracy(pair.target, medusa_heads, valid_tokens)
+    eagle_accuracy = head_accuracy(pair.target, eagle_head, valid_tokens)
+    accuracy_rows = [f"| Medusa head {i} | token t + {i + 2} from f_t | {top1:.3f} | {top5:.3f} |"
+                     for i, (top1, top5) in enumerate(zip(medusa_accuracy["top1"], medusa_accuracy["top5"]))]
+    accuracy_rows.append(f"| EAGLE | token t + 2 from f_t and token t + 1 | {eagle_accuracy['top1'][0]:.3f} | "
+                         f"{eagle_accuracy['top5'][0]:.3f} |")
+    medusa_tree = MedusaDrafter(pair.target, medusa_heads)  # the default tree, as deep as the heads go
+    drafters = {"draft model, chain": ModelDrafter(pair.draft),
+                "Medusa, chain": MedusaDrafter(pair.target, medusa_heads, tree=None),
+                f"Medusa, {len(medusa_tree.tree)}-node tree": medusa_tree,
+                "EAGLE, chain": EagleDrafter(pair.target, eagle_head),
+                f"EAGLE, {len(DEFAULT_TREE)}-node tree": EagleDrafter(pair.target, eagle_head, tree=DEFAULT_TREE)}
+    acceptance_rows = [f"| {name} | {measured['tokens_per_step']:.2f} | {measured['acceptance_rate']:.3f} |"
+                       for name, measured in ((name, acceptance(pair.target, drafter, prompts))
+                                              for name, drafter in drafters.items())]
+    meta = {kind: json.loads((out / kind / "training.json").read_text()) for kind in ("medusa", "eagle")}
+    size_kb = {kind: (out / kind / "model.safetensors").stat().st_size / 1e3 for kind in ("medusa", "eagle")}
+    return HEADS_CARD.format(
+        medusa_heads=medusa_heads.num_heads, medusa_steps=meta["medusa"]["step"], eagle_steps=meta["eagle"]["step"],
+        medusa_minutes=meta["medusa"]["seconds"] / 60, eagle_minutes=meta["eagle"]["seconds"] / 60,
+        medusa_kb=size_kb["medusa"], eagle_kb=size_kb["eagle"],
+        accuracy_rows="\n".join(accuracy_rows), acceptance_rows="\n".join(acceptance_rows), prompts=len(prompts))
+
+
+def _phases(meta):
+    """The target's two training phases in words, from its training.json."""
+    shallow = meta.get("grown_from")
+    if shallow is None:
+        return ""
+    return (f"The target was trained in two phases: {shallow['layers']} layers from scratch for {shallow['step']} "
+            f"steps ({shallow['seconds'] / 60:.0f} min), then grown to full depth, every inserted layer starting as "
+            f"an identity (`specbook.train.grow`), and trained {meta['step'] - shallow['step']} steps more; the "
+            "table gives the totals.")
 
 
 CARD = """# The built-in Shakespeare pair
@@ -386,7 +566,7 @@ and loaded in float32.
 {rows}
 
 Trained on: {hardware}.
-Target: {target_config}. Draft: {draft_config}. The draft was distilled from the target: trained to
+Target: {target_config}. Draft: {draft_config}. {target_phases} The draft was distilled from the target: trained to
 minimise KL(q || p) against the target's full next-token distribution at every position.
 `draft-undistilled` has the same shape, trained on the text alone, and is kept to show what
 distillation buys.
@@ -413,6 +593,35 @@ Draft:
 ```
 {draft_sample}
 ```
+"""
+
+
+
+HEADS_CARD = """
+## Medusa and EAGLE heads
+
+Heads that draft from the target's own hidden states (`specbook.heads`), trained on the frozen
+target by the `medusa` and `eagle` stages, stored in float16: {medusa_heads} Medusa heads ({medusa_steps} steps,
+{medusa_minutes:.0f} min, {medusa_kb:.0f} kB) and one EAGLE layer ({eagle_steps} steps, {eagle_minutes:.0f} min,
+{eagle_kb:.0f} kB). Both borrow the target's embedding and LM head, which are not stored again. Load them with
+`MedusaDrafter.from_pretrained("shakespeare", pair.target)` and `EagleDrafter.from_pretrained("shakespeare",
+pair.target)`.
+
+Teacher-forced accuracy on the held-out plays (`specbook.heads.head_accuracy`): how often the
+head's best guess (top-1), or one of its five best (top-5), is the text's token. f_t is the
+target's last hidden state at position t.
+
+| head | predicts | top-1 | top-5 |
+|---|---|---|---|
+{accuracy_rows}
+
+Acceptance along the target's greedy continuations of the {prompts} held-out prompts
+(`specbook.heads.acceptance`, 64 tokens each, k = 4): tokens per target call (accepted drafts + 1)
+and the acceptance rate.
+
+| drafter | tokens per target call | acceptance rate |
+|---|---|---|
+{acceptance_rows}
 """
 
 

@@ -5,9 +5,11 @@ is written once: a model drafter, n-gram / prompt-lookup drafters, tree drafters
 """
 
 from .base import Draft, Drafter
+from .eagle import EagleDrafter
+from .medusa import MedusaDrafter
 from .model import ModelDrafter
 from .ngram import LookupDrafter, NGramDrafter, NGramStorage, PromptLookupDrafter
 from .tree import SampledTreeDrafter, TopKTreeDrafter
 
-__all__ = ["Draft", "Drafter", "LookupDrafter", "ModelDrafter", "NGramDrafter", "NGramStorage", "PromptLookupDrafter",
-           "SampledTreeDrafter", "TopKTreeDrafter"]
+__all__ = ["Draft", "Drafter", "EagleDrafter", "LookupDrafter", "MedusaDrafter", "ModelDrafter", "NGramDrafter",
+           "NGramStorage", "PromptLookupDrafter", "SampledTreeDrafter", "TopKTreeDrafter"]

@@ -4,7 +4,8 @@ A generation is a conversation: the engine calls ``start`` once with the prompt,
 step ``propose`` (up to k tokens, with the distributions they were drawn from) and ``update``
 (how many the target accepted and which token it emitted next), so the drafter can roll its
 state back to the accepted prefix and extend it. A tree drafter (`specbook.trees`) proposes a
-`Draft` with ``parents`` and is told which path was accepted.
+`Draft` with ``parents`` and is told which path was accepted. A drafter that reads the target's
+hidden states (Medusa, EAGLE) sets ``uses_features`` and is handed them after every step.
 """
 
 from dataclasses import dataclass
@@ -33,7 +34,16 @@ class Draft:
 
 
 class Drafter:
-    """What the engine needs from a drafter. Subclasses override all three methods."""
+    """What the engine needs from a drafter. Subclasses override ``start``, ``propose`` and ``update``.
+
+    ``uses_features = True`` asks the engine for the target's *features*: its final hidden states
+    after the final norm, the input of its LM head (`specbook.heads.target_features`). The engine
+    then runs the target's base model and LM head separately, and calls ``observe_features`` with
+    the features of every position it commits. Other drafters leave it False and the engine calls
+    the target as usual.
+    """
+
+    uses_features = False
 
     def start(self, input_ids: torch.Tensor) -> None:
         """Begin a generation on a (1, T) prompt."""
@@ -59,3 +69,15 @@ class Drafter:
         """After ``update``: the target's distributions (num_accepted + 1, vocab) at the positions the
         step committed, row i the one that predicted its i-th token. A drafter that learns from the
         target (the n-gram filler) overrides this; the default ignores it."""
+
+    def observe_features(self, features: torch.Tensor) -> None:
+        """Only for ``uses_features``: the target's features (n, hidden) at newly committed positions, in order.
+
+        After ``start``, the prompt's positions 0 .. T - 2 (every token but the pending last one;
+        not called for a one-token prompt). After each step, following ``update`` and
+        ``observe_target``, the num_accepted + 1 positions the step committed: the pending token,
+        then the accepted drafts (for a tree, the root then the accepted path). The feature at a
+        position is what the target predicts the next token from, so the newest one predicts the
+        new pending token.
+        """
+        raise NotImplementedError

@@ -1,0 +1,119 @@
+"""EAGLE: draft autoregressively at the feature level (Li et al. 2024).
+
+`specbook.heads.EagleHead` reads pairs (f_t, x_{t+1}) -- the target's feature at position t and
+the token that followed it -- and predicts the next feature f̂_{t+1}; the target's LM head turns
+that into the draft distribution p over x_{t+2}. The head keeps its own KV cache of pairs.
+
+The bookkeeping: after the prompt's prefill the engine hands over the features f_0 ... f_{T-2}
+(``observe_features``), which pair with the prompt's tokens x_1 ... x_{T-1} -- x_{T-1} is the
+pending token. Feeding those pairs yields f̂_{T-1}, hence p over x_T: the first draft, d_1.
+Drafting goes on with predicted features: the pair (f̂_{T-1}, d_1) gives f̂_T and d_2, and so on.
+After verification the pairs built on predicted features are rolled back, and the committed
+positions come back with the target's *true* features: the pending token's and the accepted
+drafts', paired with the accepted drafts and the target's next token -- as EAGLE does.
+
+Two ways to draft, one for each lossless rule:
+
+- a chain (``tree=None``): each token sampled from p with the engine's sampler and reported with
+  its p, so verification is ordinary speculative sampling;
+- a tree (a `specbook.trees.TreeSpec`): expanded one depth at a time like
+  `specbook.drafters.tree.TopKTreeDrafter` -- all nodes of a depth fed at once with the tree
+  attention mask, each paired with its parent's predicted feature -- child rank r the r-th most
+  likely token; deterministic, so it reports no p (EAGLE's tree, Section 4.1).
+"""
+
+import torch
+
+from ..cache import new_cache, rollback
+from ..heads import EagleHead, check_hidden_size
+from ..trees import TreeSpec, tree_model_inputs
+from .base import Draft, Drafter
+
+
+class EagleDrafter(Drafter):
+    """Draft with an EAGLE head on ``target``: a sampled chain (``tree=None``, the default) or a top-k tree.
+
+    ``tree`` is a `TreeSpec` or a branching tuple such as (3, 2, 1); ``propose(k, ...)`` drafts the
+    depths <= k. A chain honours ``keep_drafting`` after every token; a tree ignores it. ``calls``
+    counts the head's forward passes. Until the target has computed a feature (a one-token prompt)
+    it drafts nothing.
+    """
+
+    uses_features = True
+
+    def __init__(self, target: torch.nn.Module, head: EagleHead, tree=None):
+        check_hidden_size(head, target)
+        self.target, self.head = target, head
+        self.tree = tree if tree is None or isinstance(tree, TreeSpec) else TreeSpec.from_branching(tree)
+        self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+        self.calls = 0
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, target: torch.nn.Module, tree=None) -> "EagleDrafter":
+        """An EAGLE head for ``target``: ``"shakespeare"`` (trained on the built-in target) or a saved directory.
+
+        The target is not loaded here: pass the very model you verify with, e.g.
+        ``load_pair("shakespeare").target``.
+        """
+        return cls(target, EagleHead.from_pretrained(name_or_path, target), tree)
+
+    def start(self, input_ids):
+        self.cache = new_cache(self.head)
+        self.tokens = input_ids[0, 1:]  # (m,): committed tokens x_{t+1} whose pair (f_t, x_{t+1}) is not fed yet
+        self.features = []  # their features f_t: the (n, hidden) blocks the engine handed over
+        self.proposed = []  # this step's drafts
+        self.fed = 0  # pairs of this step's drafts in the cache, all built on predicted features
+        self.calls = 0
+
+    def observe_features(self, features):
+        self.features.append(features)
+
+    def _feed(self, features, tokens, **inputs):
+        """Feed pairs (features (n, hidden), tokens (n,)) on top of the cache; their predicted features (n, hidden)."""
+        self.calls += 1
+        return self.head(features[None], self.embed(tokens)[None], self.cache, **inputs)[0]
+
+    def propose(self, k, sampler, generator, keep_drafting=None):
+        if not self.features:
+            return Draft(self.tokens.new_empty(0))
+        predicted = self._feed(torch.cat(self.features), self.tokens)[-1:]  # (1, hidden): f̂ at the pending token
+        self.tokens, self.features = self.tokens[:0], []
+        draft = self._chain(k, predicted, sampler, generator, keep_drafting) if self.tree is None \
+            else self._tree(self.tree.truncated(k), predicted)
+        self.proposed = draft.tokens.tolist()
+        return draft
+
+    def _chain(self, k, predicted, sampler, generator, keep_drafting):
+        tokens, probs = [], []
+        for _ in range(k):
+            if tokens:  # the pair (f̂, last draft) predicts the next feature; the last draft is never fed
+                predicted = self._feed(predicted, tokens[-1][None])  # (1, hidden)
+                self.fed += 1
+            logits = self.lm_head(predicted[0])  # (vocab,)
+            step_probs = sampler.probs(logits)  # (vocab,): the warped p, what verification uses
+            tokens.append(sampler.sample(step_probs, generator))
+            probs.append(step_probs)
+            if keep_drafting is not None and not keep_drafting(logits.float().softmax(-1)):  # its own confidence
+                break
+        return Draft(torch.stack(tokens), torch.stack(probs))  # (n,), (n, vocab)
+
+    def _tree(self, tree, predicted):
+        tokens = []  # per depth
+        for depth in range(1, tree.depth + 1):
+            level = [node for node, node_depth in enumerate(tree.depths) if node_depth == depth]  # contiguous
+            parent_rows = [tree.parents[node] + 1 for node in level]  # rows of predicted: 0 the root, i + 1 node i
+            ranks = torch.tensor([tree.ranks[node] for node in level], device=predicted.device)
+            ranked = self.lm_head(predicted[parent_rows]).topk(int(ranks.max()) + 1).indices  # (m, max rank + 1)
+            tokens.append(ranked.gather(1, ranks[:, None])[:, 0])
+            if depth < tree.depth:  # feed this level, each node paired with its parent's predicted feature
+                inputs = tree_model_inputs(tree.parents[: level[-1] + 1], self.cache.get_seq_length() - self.fed - 1,
+                                           in_cache=level[0] + 1, dtype=predicted.dtype, device=predicted.device)
+                predicted = torch.cat([predicted, self._feed(predicted[parent_rows], tokens[-1], **inputs)])
+                self.fed += len(level)
+        return Draft(torch.cat(tokens), parents=tree.parents)
+
+    def update(self, num_accepted, next_token, path=None):
+        rollback(self.cache, self.fed)  # every drafted pair: the committed ones come back with true features
+        accepted = [self.proposed[node] for node in path] if path is not None else self.proposed[:num_accepted]
+        self.tokens = torch.cat([self.tokens, torch.tensor(accepted + [next_token], device=self.tokens.device)])
+        self.proposed, self.fed = [], 0

@@ -1,0 +1,269 @@
+"""Heads that draft from the target's own hidden states: Medusa and EAGLE.
+
+Both read the target's *features*: its final hidden states after the final norm, the input of its
+LM head (`target_features`). Neither has an embedding or an LM head of its own: they borrow the
+target's, frozen, and store only what they add.
+
+- `MedusaHeads` (Cai et al. 2024, Section 2.1.1): K residual blocks on the feature f_t of the last
+  committed position. The target's LM head turns f_t into its distribution over x_{t+1}; head i
+  (0-based) turns it into a guess at x_{t+i+2}, so one feature yields K drafts at once, each
+  blind to the ones before it.
+- `EagleHead` (Li et al. 2024, Section 4): one transformer layer that runs autoregressively at the
+  feature level. Its input at position t is the pair (f_t, embedding of x_{t+1}) -- the token
+  advanced by one step removes the uncertainty of which token the target sampled -- and its output
+  is a prediction f̂_{t+1} of the next feature; the target's LM head turns f̂_{t+1} into the draft
+  distribution p over x_{t+2}. Feeding (f̂_{t+1}, x_{t+2}) back drafts the next token, and so on.
+
+The drafters that use them live in `specbook.drafters.medusa` and `specbook.drafters.eagle`; the
+training recipes in `specbook.train`. A head saves to a directory: ``config.json`` and
+``model.safetensors`` (float16), with the built-in ones under ``specbook/assets/shakespeare``.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .models import BUILT_IN, assets_dir
+
+
+def target_features(target, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    """The target's features (batch, n, hidden) for ``input_ids`` (batch, n): its base model's output.
+
+    That is the final hidden state after the final norm, the input of the LM head, so
+    ``target.get_output_embeddings()(features)`` are the target's logits (for Llama-style models,
+    which apply nothing else). ``kwargs`` (a KV cache, a tree mask) go to the base model.
+    """
+    return target.get_decoder()(input_ids, **kwargs).last_hidden_state
+
+
+def check_hidden_size(head, target) -> None:
+    """Refuse a head built for another target: its hidden size must be the target's."""
+    if head.hidden_size != target.config.hidden_size:
+        raise ValueError(f"the {head.kind} head has hidden size {head.hidden_size} but the target's hidden size is "
+                         f"{target.config.hidden_size}: a head only fits the target it was trained on")
+
+
+class _Head(nn.Module):
+    """Saving and loading, shared by both heads: ``config.json`` (what `_config` returns) and the weights."""
+
+    kind = ""  # "medusa" or "eagle": the folder of the built-in head
+
+    def _config(self) -> dict:
+        raise NotImplementedError
+
+    @classmethod
+    def _from_config(cls, config: dict) -> "_Head":
+        raise NotImplementedError
+
+    def save(self, directory, dtype=torch.float16) -> None:
+        """Write ``config.json`` and ``model.safetensors`` (in ``dtype``) to ``directory``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text(json.dumps({"kind": self.kind, **self._config()}, indent=2))
+        save_file({name: tensor.detach().to("cpu", dtype).contiguous() for name, tensor in self.state_dict().items()},
+                  directory / "model.safetensors")
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, target):
+        """Load a head for ``target``: a built-in name (``"shakespeare"``) or a directory written by `save`.
+
+        The head comes back in eval mode, on the target's device and in its dtype.
+        """
+        if name_or_path in BUILT_IN:
+            directory = assets_dir(name_or_path) / cls.kind
+            if not (directory / "config.json").exists():
+                raise FileNotFoundError(f"the built-in {cls.kind} head is not in this copy of specbook ({directory}): "
+                                        f"train it with `python -m specbook.train --stages {cls.kind}`")
+        else:
+            directory = Path(name_or_path)
+            if not (directory / "config.json").is_file():
+                raise ValueError(f"name_or_path must be a built-in name {list(BUILT_IN)} or a directory holding "
+                                 f"config.json and model.safetensors (got {str(name_or_path)!r})")
+        config = json.loads((directory / "config.json").read_text())
+        if config.pop("kind") != cls.kind:
+            raise ValueError(f"{directory} holds no {cls.kind} head")
+        head = cls._from_config(config)
+        check_hidden_size(head, target)
+        head.load_state_dict(load_file(directory / "model.safetensors"))
+        return head.to(target.device, target.dtype).eval()
+
+
+class MedusaHeads(_Head):
+    """``num_heads`` Medusa heads: head i maps a feature f_t to logits over x_{t+i+2} (Cai et al. 2024, Eq. 1).
+
+    Head i is the residual block h = f + SiLU(W_i f + b_i) followed by the target's LM head. W_i and
+    b_i start at zero, so a fresh head is the target's own next-token prediction, the start Medusa
+    trains from. Medusa-1 gives every head its own copy of the LM head; here the target's is shared
+    and frozen -- `forward` takes it as an argument -- which saves a vocab x hidden matrix per head
+    and keeps the heads a few hundred kB.
+    """
+
+    kind = "medusa"
+
+    def __init__(self, hidden_size: int, num_heads: int):
+        super().__init__()
+        if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
+            raise ValueError(f"num_heads must be an integer >= 1 (got {num_heads!r})")
+        self.hidden_size = hidden_size
+        self.blocks = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_heads))
+        for block in self.blocks:
+            nn.init.zeros_(block.weight)
+            nn.init.zeros_(block.bias)
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
+    def forward(self, features: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """Features (..., hidden) -> logits (..., num_heads, vocab); row i is head i's."""
+        hidden = torch.stack([features + F.silu(block(features)) for block in self.blocks], -2)  # (..., heads, hidden)
+        return lm_head(hidden)
+
+    def _config(self):
+        return {"hidden_size": self.hidden_size, "num_heads": self.num_heads}
+
+    @classmethod
+    def _from_config(cls, config):
+        return cls(config["hidden_size"], config["num_heads"])
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, target, num_heads: int | None = None):
+        """Load trained heads for ``target`` (see `_Head.from_pretrained`); ``num_heads`` keeps the first few."""
+        heads = super().from_pretrained(name_or_path, target)
+        if num_heads is not None:
+            if not isinstance(num_heads, int) or isinstance(num_heads, bool) or not 1 <= num_heads <= heads.num_heads:
+                raise ValueError(f"num_heads must be in [1, {heads.num_heads}]: {heads.num_heads} heads were trained "
+                                 f"(got {num_heads!r})")
+            del heads.blocks[num_heads:]
+        return heads
+
+
+# The settings an EAGLE layer copies from its target's config: the layer has the target's width.
+_LAYER_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "hidden_act", "rms_norm_eps", "max_position_embeddings", "rope_parameters")
+
+
+class EagleHead(_Head):
+    """EAGLE's autoregression head (Li et al. 2024, Section 4): fc on (f_t, e(x_{t+1})), then one decoder layer.
+
+    ``config`` is the target's config (Llama-style). The layer is a `transformers` `LlamaModel` with
+    one layer, shaped like one of the target's, fed through ``inputs_embeds``: that gives rotary
+    positions, causal and tree masks, a KV cache and a final norm without writing them again (its
+    token embedding, of vocabulary 1, is never used). The output is f̂_{t+1}, compared with the
+    target's true feature f_{t+1} in training; p = softmax(lm_head(f̂_{t+1})) drafts x_{t+2}. The
+    target's embedding and LM head are passed in, frozen, and not saved. EAGLE's own layer drops
+    the input norm and ends without a norm; this one keeps LlamaModel's norms (the features it
+    predicts come out of the target's final norm).
+    """
+
+    kind = "eagle"
+
+    def __init__(self, config):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaModel
+
+        fields = {name: getattr(config, name) for name in _LAYER_FIELDS if getattr(config, name, None) is not None}
+        layer_config = LlamaConfig(vocab_size=1, num_hidden_layers=1, bos_token_id=None, eos_token_id=None,
+                                   pad_token_id=None, **fields)
+        self.hidden_size = layer_config.hidden_size
+        self.fc = nn.Linear(2 * self.hidden_size, self.hidden_size)
+        self.layer = LlamaModel(layer_config)
+
+    def forward(self, features: torch.Tensor, token_embeddings: torch.Tensor, past_key_values=None,
+                **inputs) -> torch.Tensor:
+        """Pairs (f_t, e(x_{t+1})), both (batch, n, hidden) -> predicted features f̂_{t+1} (batch, n, hidden).
+
+        ``past_key_values`` (a cache of earlier pairs) and ``inputs`` (a tree's attention_mask and
+        position_ids, `specbook.trees.tree_model_inputs`) go to the layer.
+        """
+        pairs = self.fc(torch.cat([features, token_embeddings], -1))  # (batch, n, hidden)
+        return self.layer(inputs_embeds=pairs, past_key_values=past_key_values, use_cache=past_key_values is not None,
+                          **inputs).last_hidden_state
+
+    def _config(self):
+        config = self.layer.config
+        return {name: getattr(config, name) for name in _LAYER_FIELDS if getattr(config, name, None) is not None}
+
+    @classmethod
+    def _from_config(cls, config):
+        from transformers import LlamaConfig
+
+        return cls(LlamaConfig(**config))
+
+
+# ----------------------------------------------------------------------------- teacher-forced predictions
+
+def medusa_predictions(heads: MedusaHeads, target, input_ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per head i, its logits at every position that has a label (batch, n - i - 2, vocab) and the labels.
+
+    ``input_ids`` (batch, n) is real text: head i at position t predicts input_ids[:, t + i + 2].
+    """
+    with torch.no_grad():
+        features = target_features(target, input_ids)  # (batch, n, hidden)
+    logits = heads(features, target.get_output_embeddings()).float()  # (batch, n, heads, vocab)
+    n = input_ids.shape[1]
+    return [(logits[:, : n - i - 2, i], input_ids[:, i + 2:]) for i in range(heads.num_heads)]
+
+
+def eagle_predictions(head: EagleHead, target, input_ids: torch.Tensor, noise: float = 0.0,
+                      generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE run on the target's true features of ``input_ids`` (batch, n), as in training.
+
+    The pairs (f_t, x_{t+1}), t = 0 .. n - 2, go in (with uniform noise in [-noise, noise] added to
+    f_t: EAGLE's data augmentation, Section 4.2). Returns the predicted features f̂_{t+1} and the
+    true ones f_{t+1}, both (batch, n - 1, hidden).
+    """
+    with torch.no_grad():
+        features = target_features(target, input_ids)  # (batch, n, hidden)
+    inputs = features[:, :-1]
+    if noise:
+        uniform = torch.rand(inputs.shape, generator=generator, device=inputs.device, dtype=inputs.dtype)
+        inputs = inputs + noise * (2 * uniform - 1)
+    predicted = head(inputs, target.get_input_embeddings()(input_ids[:, 1:]))
+    return predicted, features[:, 1:]
+
+
+@torch.no_grad()
+def head_accuracy(target, head, tokens: torch.Tensor, block_size: int = 256, max_windows: int = 32, top: int = 5,
+                  batch_size: int = 8) -> dict:
+    """Teacher-forced accuracy of ``head`` on consecutive windows of the text ``tokens`` (1-D).
+
+    Medusa: ``top1`` and ``top{top}`` per head, the share of positions whose token i + 2 ahead is the
+    head's best guess (or among its ``top`` best). EAGLE: the same for its one step, x_{t+2} from
+    (f_t, x_{t+1}) with true features -- comparable to Medusa's head 0, which sees f_t alone.
+    """
+    windows = min(max_windows, len(tokens) // block_size)
+    input_ids = tokens[: windows * block_size].view(windows, block_size).to(target.device)
+    hits = []  # per batch, per head: (positions, top) bool
+    for batch in input_ids.split(batch_size):
+        if isinstance(head, MedusaHeads):
+            pairs = medusa_predictions(head, target, batch)
+        else:
+            predicted, _ = eagle_predictions(head, target, batch)
+            pairs = [(target.get_output_embeddings()(predicted[:, :-1]).float(), batch[:, 2:])]
+        hits.append([(logits.topk(top, -1).indices == labels[..., None]).flatten(0, 1) for logits, labels in pairs])
+    hits = [torch.cat(per_head) for per_head in zip(*hits)]
+    return {"top1": [float(hit[:, 0].float().mean()) for hit in hits],
+            f"top{top}": [float(hit.any(-1).float().mean()) for hit in hits]}
+
+
+def acceptance(target, drafter, prompts: list[torch.Tensor], new_tokens: int = 64, k: int = 4) -> dict:
+    """How much of the target's greedy continuation of each prompt ``drafter`` gets accepted.
+
+    Runs greedy speculative decoding and returns the mean ``tokens_per_step`` (accepted drafts + 1
+    per target call: the "acceptance length" tau of the Medusa and EAGLE papers) and the
+    ``acceptance_rate`` alpha, over ``prompts`` ((1, T) tensors).
+    """
+    from .decoding import speculative_generate
+    from .sampling import Sampler
+
+    runs = [speculative_generate(target, drafter, prompt, new_tokens, k=k, sampler=Sampler(0)) for prompt in prompts]
+    steps = [step for run in runs for step in run.steps]
+    accepted = sum(step.accepted for step in steps)
+    rejected = sum(step.accepted < len(step.drafted) for step in steps)
+    return {"tokens_per_step": sum(len(run.token_ids) for run in runs) / len(steps),
+            "acceptance_rate": accepted / (accepted + rejected) if accepted + rejected else float("nan")}
