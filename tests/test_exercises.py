@@ -2,8 +2,11 @@
 
 - Every checker passes the reference answer and rejects plausible wrong ones: each wrong answer
   here is a mistake a first-time reader makes (the correction drawn from q, alpha as sum max,
-  tokens per step off by one, the optimal K searched from 0, ...). A checker that passed them
-  would teach nothing.
+  tokens per step off by one, the optimal K searched from 0, a decoding loop without its KV cache,
+  `[:, :, :-0]`, no bonus token, the earliest match, ...). A checker that passed them would teach
+  nothing.
+- The decoding checkers run on tiny random models whose greedy choices are clear-cut, agree with
+  the package's own engine, and leave the learner's random state alone.
 - A checker never raises: an exception or a None from the learner's code is one line of output.
 - Each stub notebook runs top to bottom without error, and every check in it prints a failure
   (the page the book publishes shows what a learner sees before starting); the committed
@@ -14,6 +17,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 
 import nbformat
@@ -21,9 +25,13 @@ import numpy as np
 import pytest
 import torch
 from nbclient import NotebookClient
+from transformers import DynamicCache
 
-from specbook import exercises
-from specbook.exercises import CHECKS, FAIL, PASS, Outcome
+from specbook import Sampler, autoregressive_generate, exercises, speculative_generate
+from specbook.exercises import CHECKS, FAIL, PASS, Outcome, tiny
+from specbook.exercises.ch01 import _warp
+from specbook.exercises.ch04 import speculative_greedy_reference
+from specbook.exercises.ch05 import _lookup_variant
 from specbook.rejection import acceptance_rate, output_distribution, residual_distribution, verify_chain
 from specbook.theory import expected_tokens_per_step, optimal_k, speedup
 
@@ -81,6 +89,139 @@ def _estimate_alpha(num_accepted, k):
     return num_accepted.sum() / np.minimum(num_accepted + 1, k).sum()
 
 
+# Chapter 1
+
+
+def _warped_probs(logits, temperature=1.0, top_k=None, top_p=None, **mistake):
+    return _warp(logits, temperature, top_k, top_p, **mistake)
+
+
+def _unnormalised(logits, temperature=1.0, top_k=None, top_p=None):
+    if temperature == 0:
+        return Sampler(0).probs(logits)
+    kept = torch.isfinite(Sampler(temperature, top_k, top_p).warp(logits))
+    return torch.where(kept, (logits / temperature).softmax(-1), 0.0)
+
+
+@torch.inference_mode()
+def _greedy_by_hand(model, input_ids, max_new_tokens, cache=True, row=-1, with_prompt=False, steps_short=0):
+    """Greedy decoding, and with switches the usual mistakes: no cache, the wrong row, ..."""
+    kv_cache, tokens, new_tokens = DynamicCache() if cache else None, input_ids[0].tolist(), []
+    feed = input_ids
+    for step in range(max_new_tokens - steps_short):
+        logits = model(feed, past_key_values=kv_cache, use_cache=cache).logits[0]  # (positions, vocab)
+        new_tokens.append(int(logits[row if step == 0 else -1].argmax()))
+        tokens.append(new_tokens[-1])
+        feed = torch.tensor([[new_tokens[-1]]]) if cache else torch.tensor([tokens])
+    return tokens if with_prompt else new_tokens
+
+
+@torch.inference_mode()
+def _greedy_last_token_only(model, input_ids, max_new_tokens):
+    """Feeds only the newest token, but forgets to pass the cache: the model sees one token."""
+    new_tokens, feed = [], input_ids
+    for _ in range(max_new_tokens):
+        new_tokens.append(int(model(feed).logits[0, -1].argmax()))
+        feed = torch.tensor([[new_tokens[-1]]])
+    return new_tokens
+
+
+def _step_cost(parameters, layers, width, kv_width, context, tokens=1, bytes_per_parameter=2, *, cache=True,
+               weights_per_token=False, flops_per_weight=2, kv_factor=2, one_token=False, cache_width=None):
+    cache_bytes = kv_factor * layers * (cache_width or kv_width) * context * bytes_per_parameter if cache else 0
+    weight_reads = tokens if weights_per_token else 1
+    flops = (1 if one_token else tokens) * (flops_per_weight * parameters + 4 * layers * width * context)
+    return flops, weight_reads * parameters * bytes_per_parameter + cache_bytes
+
+
+# Chapter 4
+
+
+def _crop(cache, num_tokens, keys_only=False):
+    keep = cache[0][0].shape[2] - num_tokens
+    return [(keys[:, :, :keep], values if keys_only else values[:, :, :keep]) for keys, values in cache]
+
+
+@torch.inference_mode()
+def _speculative_by_hand(target, draft, input_ids, max_new_tokens, k, *, bonus=True, correct_with_draft=False,
+                         every_match=False, shift=0, cut=True):
+    """Greedy speculative decoding without a cache, and with switches the usual mistakes."""
+    context, new_tokens = input_ids[0].tolist(), []
+    while len(new_tokens) < max_new_tokens:
+        drafted = []
+        for _ in range(k):
+            drafted.append(int(draft(torch.tensor([context + drafted])).logits[0, -1].argmax()))
+        choices = target(torch.tensor([context + drafted])).logits[0, -(k + 1):].argmax(-1).tolist()
+        verdicts = [d == c for d, c in zip(drafted, choices[shift:])] + [False] * shift
+        accepted = sum(verdicts) if every_match else next((i for i, ok in enumerate(verdicts) if not ok), k)
+        if accepted < k:
+            emitted = drafted[:accepted] + [drafted[accepted] if correct_with_draft else choices[accepted]]
+        else:
+            emitted = drafted + ([choices[k]] if bonus else [])
+        context += emitted
+        new_tokens += emitted
+    return new_tokens[:max_new_tokens] if cut else new_tokens
+
+
+@torch.inference_mode()
+def _one_call_per_token(target, draft, input_ids, max_new_tokens, k):
+    return autoregressive_generate(target, input_ids, max_new_tokens, Sampler(0)).token_ids
+
+
+def _alpha_from_steps(steps):
+    accepted = sum(step.accepted for step in steps)
+    return accepted / (accepted + sum(step.accepted < len(step.drafted) for step in steps))
+
+
+# Chapter 5
+
+
+def _prompt_lookup(tokens, k, max_ngram=3, min_ngram=1):
+    return _lookup_variant(tokens, k, max_ngram, min_ngram)
+
+
+def _lookup_including_the_end(tokens, k, max_ngram=3, min_ngram=1):
+    """Searches from the end itself, so the suffix always matches itself and nothing follows it."""
+    end = len(tokens)
+    for n in range(min(max_ngram, end), min_ngram - 1, -1):
+        for start in range(end - n, -1, -1):
+            if tokens[start:start + n] == tokens[end - n:]:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+def _ngram_by_hand(tokens, k, n=3, *, levels=None, guess=False, shortest_first=False, chain=True):
+    """The multi-level n-gram drafter, and with switches the usual mistakes."""
+    lengths = list(levels(n) if levels else range(n - 1, 0, -1))
+    if shortest_first:
+        lengths.reverse()
+    counts = {}
+    for position, token in enumerate(tokens):
+        for length in lengths:
+            if length <= position:
+                counts.setdefault(tuple(tokens[position - length:position]), Counter())[token] += 1
+    overall = Counter(tokens).most_common(1)[0][0]
+    context, draft = list(tokens), []
+    while len(draft) < (k if chain else 1):
+        known = [counts[key] for length in lengths if length <= len(context)
+                 and (key := tuple(context[len(context) - length:])) in counts]
+        if not known and not guess:
+            break
+        best = max(known[0].items(), key=lambda item: item[1])[0] if known else overall
+        draft.append(best)
+        context.append(best)
+    return draft
+
+
+def _heuristic_next_k(k, drafted, accepted, k_min=1, k_max=16, *, success=None, grow=2, shrink=None,
+                      clamp=True, skip_empty=True):
+    if drafted == 0 and skip_empty:
+        return k
+    succeeded = accepted == drafted if success is None else success(k, drafted, accepted)
+    new_k = k + grow if succeeded else (shrink(k, k_min) if shrink else k - 1)
+    return min(max(new_k, k_min), k_max) if clamp else new_k
+
+
 REFERENCES = {
     "accept_draft": lambda x, q, p, u: u < _accept_prob(x, q, p),
     "residual": residual_distribution,
@@ -93,6 +234,19 @@ REFERENCES = {
     "optimal_k_by_hand": lambda alpha, c, k_max=64: optimal_k(alpha, c, k_max),
     "estimate_alpha": _estimate_alpha,
     "tokens_per_step_by_index": lambda alphas: 1 + np.cumprod(alphas).sum(),
+    "softmax": lambda logits: torch.softmax(logits, -1),
+    "warped_probs": _warped_probs,
+    "greedy_generate": _greedy_by_hand,
+    "step_cost": _step_cost,
+    "rollback_cache": _crop,
+    "rollback_counts": lambda k, accepted: (k - accepted, k - 1 - min(accepted, k - 1)),
+    "speculative_greedy": _speculative_by_hand,
+    "acceptance_from_steps": _alpha_from_steps,
+    "fresh_draw_output": lambda q, x: output_distribution(q, torch.nn.functional.one_hot(torch.tensor(x), len(q)).to(q),
+                                                          correction="target"),
+    "prompt_lookup": _prompt_lookup,
+    "ngram_draft": _ngram_by_hand,
+    "heuristic_next_k": _heuristic_next_k,
 }
 
 WRONG = {
@@ -167,6 +321,105 @@ WRONG = {
         "i.i.d. formula at the mean": lambda a: expected_tokens_per_step(float(a.mean()), len(a)),
         "off by one in the products": lambda a: 1 + np.cumprod(np.r_[1.0, a[:-1]]).sum(),
     },
+    "softmax": {
+        "exp without subtracting the maximum": lambda z: z.exp() / z.exp().sum(-1, keepdim=True),
+        "subtracts the minimum": lambda z: (z - z.min()).exp() / (z - z.min()).exp().sum(-1, keepdim=True),
+        "one maximum for the whole batch": lambda z: (z - z.max()).exp() / (z - z.max()).exp().sum(-1, keepdim=True),
+        "normalised over the whole batch": lambda z: (z - z.max(-1, keepdim=True).values).exp()
+        / (z - z.max(-1, keepdim=True).values).exp().sum(),
+        "log-probabilities": lambda z: torch.log_softmax(z, -1),
+    },
+    "warped_probs": {
+        "the temperature left out": lambda l, t=1.0, k=None, p=None: _warp(l, 1.0 if t else 0.0, k, p),
+        "top-p before top-k": lambda *args: _warped_probs(*args, top_p_first=True),
+        "the temperature after top-p": lambda *args: _warped_probs(*args, temperature_last=True),
+        "top-p without the token that crosses p": lambda *args: _warped_probs(*args, keep_crossing=False),
+        "top-k breaks ties": lambda *args: _warped_probs(*args, keep_ties=False),
+        "divides by T = 0": lambda l, t=1.0, k=None, p=None: (l / t).softmax(-1) if not t else _warp(l, t, k, p),
+        "not renormalised": _unnormalised,
+        "returns the warped logits": lambda l, t=1.0, k=None, p=None: Sampler(t or 1.0, k, p).warp(l),
+    },
+    "greedy_generate": {
+        "no KV cache: the whole text at every step": lambda *args: _greedy_by_hand(*args, cache=False),
+        "the prompt returned too": lambda *args: _greedy_by_hand(*args, with_prompt=True),
+        "the first token from the first position's logits": lambda *args: _greedy_by_hand(*args, row=0),
+        "one token short": lambda *args: _greedy_by_hand(*args, steps_short=1),
+        "feeds only the newest token, without the cache": _greedy_last_token_only,
+    },
+    "step_cost": {
+        "no KV cache in the bytes": lambda *args: _step_cost(*args, cache=False),
+        "the weights read once per token": lambda *args: _step_cost(*args, weights_per_token=True),
+        "one FLOP per weight": lambda *args: _step_cost(*args, flops_per_weight=1),
+        "keys without values": lambda *args: _step_cost(*args, kv_factor=1),
+        "one token's FLOPs": lambda *args: _step_cost(*args, one_token=True),
+        "the cache with the query width": lambda p, l, w, kv, *rest: _step_cost(p, l, w, kv, *rest, cache_width=w),
+        "returns the intensity": lambda *args: _step_cost(*args)[0] / _step_cost(*args)[1],
+    },
+    "rollback_cache": {
+        "[:, :, :-n], empty when n = 0": lambda cache, n: [(k[:, :, :-n], v[:, :, :-n]) for k, v in cache],
+        "the heads cropped": lambda cache, n: [(k[:, :k.shape[1] - n], v[:, :v.shape[1] - n]) for k, v in cache],
+        "keeps the last n positions": lambda cache, n: [(k[:, :, k.shape[2] - n:], v[:, :, v.shape[2] - n:])
+                                                        for k, v in cache],
+        "the keys only": lambda cache, n: _crop(cache, n, keys_only=True),
+        "drops the first n positions": lambda cache, n: [(k[:, :, n:], v[:, :, n:]) for k, v in cache],
+        "unchanged": lambda cache, n: cache,
+        "keys and values swapped": lambda cache, n: [(v, k) for k, v in _crop(cache, n)],
+    },
+    "rollback_counts": {
+        "the draft drops K - accepted": lambda k, a: (k - a, k - a),
+        "the target drops the pending token too": lambda k, a: (k - a + 1, k - 1 - min(a, k - 1)),
+        "the target keeps the next token": lambda k, a: (k - a - 1, k - 1 - min(a, k - 1)),
+        "returns a single number": lambda k, a: k - a,
+    },
+    "speculative_greedy": {
+        "no bonus token": lambda *args: _speculative_by_hand(*args, bonus=False),
+        "one target call per token": _one_call_per_token,
+        "the draft's token at a mismatch": lambda *args: _speculative_by_hand(*args, correct_with_draft=True),
+        "every matching draft accepted, not the leading run":
+            lambda *args: _speculative_by_hand(*args, every_match=True),
+        "the verdict on d_i from the row after it": lambda *args: _speculative_by_hand(*args, shift=1),
+        "not cut at max_new_tokens": lambda *args: _speculative_by_hand(*args, cut=False),
+    },
+    "acceptance_from_steps": {
+        "accepted / drafted": lambda steps: sum(s.accepted for s in steps) / sum(len(s.drafted) for s in steps),
+        "a rejection in every step": lambda steps: sum(s.accepted for s in steps) / (
+            sum(s.accepted for s in steps) + len(steps)),
+        "a rejection in every step without a bonus": lambda steps: sum(s.accepted for s in steps) / (
+            sum(s.accepted for s in steps) + sum(not s.bonus for s in steps)),
+        "the mean of accepted / drafted per step": lambda steps: np.mean([s.accepted / len(s.drafted) for s in steps]),
+        "tokens per step": lambda steps: np.mean([s.accepted + 1 for s in steps]),
+    },
+    "fresh_draw_output": {
+        "q (the correct verifier's output)": lambda q, x: q,
+        "without the accepted draft": lambda q, x: (1 - q[x]) * q,
+        "the residual, q without x": lambda q, x: torch.where(torch.arange(len(q)) == x, 0.0, q) / (1 - q[x]),
+        "the draft with probability q(x) squared": lambda q, x: q[x] ** 2 * torch.eye(len(q), dtype=q.dtype)[x]
+        + (1 - q[x] ** 2) * q,
+    },
+    "prompt_lookup": {
+        "the earliest occurrence": lambda *args: _lookup_variant(*args, most_recent=False),
+        "stops at the end of the context": lambda *args: _lookup_variant(*args, extend=False),
+        "the shortest n first": lambda *args: _lookup_variant(*args, longest_first=False),
+        "matches the suffix with itself": _lookup_including_the_end,
+        "min_ngram ignored": lambda tokens, k, max_ngram=3, min_ngram=1: _lookup_variant(tokens, k, max_ngram, 1),
+    },
+    "ngram_draft": {
+        "one level only": lambda *args: _ngram_by_hand(*args, levels=lambda n: [n - 1]),
+        "never the 1-token level": lambda *args: _ngram_by_hand(*args, levels=lambda n: range(n - 1, 1, -1)),
+        "guesses the most frequent token at an unknown context": lambda *args: _ngram_by_hand(*args, guess=True),
+        "the shortest context first": lambda *args: _ngram_by_hand(*args, shortest_first=True),
+        "one token, no chain": lambda *args: _ngram_by_hand(*args, chain=False),
+    },
+    "heuristic_next_k": {
+        "success means accepted == k":
+            lambda *args, **kw: _heuristic_next_k(*args, **kw, success=lambda k, d, a: a == k),
+        "shrinks after a step that drafted nothing":
+            lambda *args, **kw: _heuristic_next_k(*args, **kw, skip_empty=False),
+        "not clamped": lambda *args, **kw: _heuristic_next_k(*args, **kw, clamp=False),
+        "grows by 1": lambda *args, **kw: _heuristic_next_k(*args, **kw, grow=1),
+        "back to k_min after a rejection":
+            lambda *args, **kw: _heuristic_next_k(*args, **kw, shrink=lambda k, k_min: k_min),
+    },
 }
 
 
@@ -225,6 +478,63 @@ def test_verify_chain_cases_agree_with_the_package_and_cover_every_path():
     generator = torch.Generator().manual_seed(0)
     assert verify_chain(torch.tensor([0]), torch.tensor([[0.5, 0.5]]), torch.tensor([[0.5, 0.5]] * 2),
                         generator=generator).num_accepted == 1
+
+
+def test_messages_name_the_mistakes_of_the_later_chapters():
+    def message(name, label):
+        return CHECKS[name].outcome(WRONG[name][label]).message
+
+    assert "`[:, :, :-0]` keeps nothing" in message("rollback_cache", "[:, :, :-n], empty when n = 0")
+    assert "positions" in message("greedy_generate", "no KV cache: the whole text at every step") \
+        and "past_key_values" in message("greedy_generate", "no KV cache: the whole text at every step")
+    assert "Return only the new tokens" in message("greedy_generate", "the prompt returned too")
+    assert "bonus token" in message("speculative_greedy", "no bonus token")
+    assert "a call per token" in message("speculative_greedy", "one target call per token")
+    assert "never saw d_K" in message("rollback_counts", "the draft drops K - accepted")
+    assert "overflows float32" in message("softmax", "exp without subtracting the maximum")
+    assert "top-p applied before top-k" in message("warped_probs", "top-p before top-k")
+    assert "Temperature 0 means greedy" in message("warped_probs", "divides by T = 0")
+    assert "the KV cache" in message("step_cost", "no KV cache in the bytes")
+    assert "untested" in message("acceptance_from_steps", "accepted / drafted")
+    assert "the earliest occurrence" in message("prompt_lookup", "the earliest occurrence")
+    assert "Stop rather than guess" in message("ngram_draft", "guesses the most frequent token at an unknown context")
+    assert "Compare accepted with drafted" in message("heuristic_next_k", "success means accepted == k")
+
+
+def test_decoding_cases_have_clear_greedy_choices_and_agree_with_the_engine():
+    """A near-tie could make a right loop disagree with the reference; the allowed target calls
+    are the engine's own; and some case needs fewer calls than tokens (else a plain loop passes)."""
+    for case in CHECKS["greedy_generate"].cases():
+        model, prompt, max_new_tokens = case.args
+        assert tiny.greedy_margin(model, prompt, case.expected) >= tiny.MIN_MARGIN, case.label
+    fewer_calls = []
+    for case in CHECKS["speculative_greedy"].cases():
+        target, draft, prompt, max_new_tokens, k = case.args
+        assert tiny.greedy_margin(target, prompt, case.expected) >= tiny.MIN_MARGIN, case.label
+        engine = speculative_generate(target, draft, prompt, max_new_tokens, k, Sampler(0))
+        tokens, calls = speculative_greedy_reference(target, draft, prompt, max_new_tokens, k)
+        assert engine.token_ids == tokens == case.expected
+        assert calls == engine.stats.target_calls <= case.extra["allowed"]
+        fewer_calls.append(case.extra["allowed"] < max_new_tokens)
+    assert sum(fewer_calls) >= 3
+
+
+def test_top_p_cases_are_not_on_a_knife_edge():
+    """Float rounding must not decide which tokens top-p keeps: no cumulative mass lies near top_p."""
+    for case in CHECKS["warped_probs"].cases():
+        logits, temperature, top_k, top_p = case.args
+        if temperature and top_p is not None and top_p < 1:
+            warped = Sampler(temperature, top_k).warp(logits).double()
+            mass = warped.softmax(-1).sort(descending=True).values.cumsum(0)
+            assert (mass - top_p).abs().min() > 1e-3, case.label
+
+
+def test_checkers_leave_the_global_random_state_alone():
+    tiny.tiny_model.cache_clear()
+    state = torch.random.get_rng_state()
+    for name in CHECKS:
+        CHECKS[name].cases()
+    assert torch.equal(state, torch.random.get_rng_state())
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))

@@ -1,0 +1,50 @@
+"""Checkers for the book's exercises: run a learner's function on hidden cases, say what went wrong.
+
+Each exercise notebook (exercises/chNN_*.ipynb) gives a function stub with a TODO and, right after
+it, a cell such as ``check_residual(residual)``. The checker calls the learner's function on cases
+the learner cannot see, compares every answer with specbook's own reference (the package's
+functions, `specbook.Sampler`, the decoding loops and drafters run on tiny random models, or a
+one-line formula written here where the package has none), and prints one line:
+
+- ``✓ residual: all 10 cases pass.``, or
+- ``✗ residual, case 7 of 10 (q == p): got NaN. ...``: the first case that failed, what was
+  expected and what came back, often with the likely mistake named.
+
+A checker never raises and never shows a stack trace: an exception from the learner's code
+(NotImplementedError from an untouched stub included) becomes one line too. The cases are fixed
+(seeded), so a notebook prints the same thing every run and nbval can compare outputs; none
+depends on the weights of the book's trained pair.
+
+Tests and tools can ask for the verdict instead of the printout: ``check_residual.outcome(fn)``
+returns an :class:`Outcome` (passed, message). `CHECKS` lists every checker by name. One module
+per chapter holds its checkers (`ch01` … `ch05`); `core` holds the machinery they share and
+`tiny` the tiny models of the decoding exercises.
+
+Notation as everywhere in the book: q is the target's distribution (`target_probs`), p the
+draft's (`draft_probs`), K the draft length (`k`), alpha the acceptance rate and c the cost ratio
+(`cost_ratio`).
+"""
+
+from __future__ import annotations
+
+from .ch01 import check_greedy_generate, check_softmax, check_step_cost, check_warped_probs
+from .ch02 import (check_accept_draft, check_acceptance_rate, check_residual, check_shortcut_bias,
+                   check_shortcut_output, check_verify_chain)
+from .ch03 import (check_estimate_alpha, check_optimal_k, check_speedup, check_tokens_per_step,
+                   check_tokens_per_step_by_index)
+from .ch04 import (check_acceptance_from_steps, check_rollback_cache, check_rollback_counts,
+                   check_speculative_greedy)
+from .ch05 import check_fresh_draw_output, check_heuristic_next_k, check_ngram_draft, check_prompt_lookup
+from .core import FAIL, PASS, Case, Check, Outcome
+
+CHECKS: dict[str, Check] = {check.name: check for check in (
+    check_softmax, check_warped_probs, check_greedy_generate, check_step_cost,
+    check_accept_draft, check_residual, check_verify_chain, check_acceptance_rate,
+    check_shortcut_output, check_shortcut_bias,
+    check_tokens_per_step, check_speedup, check_optimal_k, check_estimate_alpha,
+    check_tokens_per_step_by_index,
+    check_rollback_cache, check_rollback_counts, check_speculative_greedy, check_acceptance_from_steps,
+    check_fresh_draw_output, check_prompt_lookup, check_ngram_draft, check_heuristic_next_k,
+)}
+
+__all__ = ["CHECKS", "FAIL", "PASS", "Case", "Check", "Outcome"] + [check.__name__ for check in CHECKS.values()]
