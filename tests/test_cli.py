@@ -2,6 +2,7 @@ import pandas as pd
 import pytest
 
 from specbook.cli import CHAT_HELP, chat, main
+from specbook.models import assets_dir
 
 
 def test_generate_prints_the_text_and_stats(capsys):
@@ -39,7 +40,12 @@ def test_bad_arguments_exit_with_a_message(capsys):
     assert "top_p" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("suite, rows", [("comparison", 5), ("ablation", 6)])
+HEADS_TRAINED = all((assets_dir() / kind / "config.json").exists() for kind in ("medusa", "eagle"))
+
+
+@pytest.mark.parametrize("suite, rows", [
+    ("comparison", 5), ("ablation", 6),
+    pytest.param("heads", 9, marks=pytest.mark.skipif(not HEADS_TRAINED, reason="the built-in heads are not trained"))])
 def test_bench_writes_a_csv(tmp_path, capsys, suite, rows):
     out = tmp_path / "bench.csv"
     main(["bench", "--suite", suite, "--prompts", "open", "--ks", "1,2", "--max-new-tokens", "8", "--repeats", "1",
@@ -47,6 +53,13 @@ def test_bench_writes_a_csv(tmp_path, capsys, suite, rows):
     table = pd.read_csv(out)
     assert len(table) == rows and table["same_tokens"].all()
     assert {"method", "speedup", "tokens_per_call", "acceptance_rate", "machine", "prompts"} <= set(table.columns)
+
+
+def test_the_heads_suite_refuses_another_pair(capsys):
+    """The heads were trained on the built-in target: refused before anything is loaded (no download)."""
+    with pytest.raises(SystemExit):
+        main(["bench", "--suite", "heads", "--target", "org/big", "--draft", "org/small"])
+    assert "--suite heads needs a built-in pair" in capsys.readouterr().err
 
 
 def test_chat_switches_settings_and_generates(capsys):

@@ -1,12 +1,16 @@
+import itertools
+
 import pytest
 import torch
+
+import support
 
 import specbook.decoding
 import specbook.trees
 from specbook.cache import keep_positions, new_cache
 from specbook.decoding import autoregressive_generate, speculative_generate
 from specbook.drafters import Draft, Drafter, ModelDrafter, SampledTreeDrafter, TopKTreeDrafter
-from specbook.policies import HeuristicK
+from specbook.policies import ConfidenceStop, FixedK, HeuristicK
 from specbook.sampling import Sampler
 from specbook.trees import (TreeSpec, tree_attention_mask, tree_forward, tree_positions, verify_tree,
                             verify_tree_greedy)
@@ -265,3 +269,104 @@ def test_bad_keep_positions(target):
             keep_positions(cache, positions)
     keep_positions(cache, [0, 2, 6])
     assert cache.get_seq_length() == 3
+
+
+# --- a tree whose depth adapts, and early stopping (Lu et al. 2024)
+
+def sharpened(model, factor=20.0):
+    """``model`` with its logits scaled by ``factor``: the same argmax, a spread of confidences."""
+    with torch.no_grad():
+        model.lm_head.weight.mul_(factor)
+    return model
+
+
+class RecordingStop(ConfidenceStop):
+    """ConfidenceStop that remembers every confidence it was shown."""
+
+    def start(self):
+        self.shown = []
+
+    def keep_drafting(self, draft_probs):
+        self.shown.append(float(draft_probs.max()))
+        return super().keep_drafting(draft_probs)
+
+
+def test_the_depth_k_tree_is_a_prefix_with_the_corner_of_the_full_mask():
+    """Nodes sorted by depth: a shallower tree needs no mask of its own (Lu et al.'s sliced mask)."""
+    spec = TreeSpec.from_branching((3, 2, 1, 1))
+    full = tree_attention_mask(spec.parents)
+    for depth in range(1, spec.depth + 1):
+        cut = spec.truncated(depth)
+        assert cut.parents == spec.parents[: len(cut)]
+        assert torch.equal(tree_attention_mask(cut.parents), full[: len(cut) + 1, : len(cut) + 1])
+
+
+def test_the_policy_sets_the_trees_depth_step_by_step(target, noisy, reference):
+    class RecordingHeuristicK(HeuristicK):
+        def start(self):
+            super().start()
+            self.chosen = []
+
+        def next_k(self):
+            self.chosen.append(self.k)
+            return self.k
+
+    spec, policy = TreeSpec.from_branching((2, 2, 1, 1, 1, 1)), RecordingHeuristicK(2, 1, 6)
+    result = speculative_generate(target, TopKTreeDrafter(noisy, spec), PROMPT, 40, k=policy, sampler=Sampler(0))
+    assert result.token_ids == reference
+    budgets = [min(k, 40 - written - 1) for k, written in
+               zip(policy.chosen, [0] + list(itertools.accumulate(step.accepted + 1 for step in result.steps)))]
+    assert [step.tree_nodes or 0 for step in result.steps] == [len(spec.truncated(b)) if b else 0 for b in budgets]
+    assert len(set(policy.chosen)) > 2  # the depth really moved
+
+
+def test_a_one_wide_tree_stops_where_a_chain_stops(target, reference):
+    """With ConfidenceStop a tree of one candidate per depth drafts what the chain drafter drafts."""
+    model = sharpened(noisy_copy(target, noise=0.01))
+    runs = [speculative_generate(target, drafter, PROMPT, 40, k=RecordingStop(0.25, 4), sampler=Sampler(0))
+            for drafter in (ModelDrafter(model), TopKTreeDrafter(model, (1, 1, 1, 1)))]
+    chain, tree = runs
+    assert chain.token_ids == tree.token_ids == reference
+    # a tree step records the path it walked (the accepted nodes and the first rejected one) and its size
+    assert [(s.drafted[: s.accepted + 1], s.accepted, len(s.drafted)) for s in chain.steps] == \
+        [(s.drafted, s.accepted, s.tree_nodes or 0) for s in tree.steps]
+    assert chain.stats.draft_calls == tree.stats.draft_calls
+    lengths = [len(step.drafted) for step in chain.steps[:-2]]  # (the last steps may run out of token budget)
+    assert 1 in lengths and max(lengths) > 1  # some drafts stopped early, some did not
+
+
+@pytest.mark.parametrize("kind", ["top-k", "sampled"])
+def test_early_stopping_cuts_trees_and_keeps_the_greedy_text(target, reference, kind):
+    model = sharpened(noisy_copy(target, noise=0.01))
+    drafter = {"top-k": TopKTreeDrafter, "sampled": SampledTreeDrafter}[kind](model, (3, 2, 1, 1))
+    policy = RecordingStop(0.25, 4)
+    result = speculative_generate(target, drafter, PROMPT, 40, k=policy, sampler=Sampler(0))
+    assert result.token_ids == reference
+    full = TreeSpec.from_branching((3, 2, 1, 1))
+    sizes = {step.tree_nodes for step in result.steps if step.tree_nodes}
+    assert {len(full.truncated(1)), len(full)} <= sizes  # some trees stopped at depth 1, some grew to the end
+    assert min(policy.shown) < 0.25 <= max(policy.shown)
+
+
+class ArgmaxStop(FixedK):
+    """Stop growing the tree where the draft's best guess is token 0: an arbitrary rule on the draft's p."""
+
+    def keep_drafting(self, draft_probs):
+        return int(draft_probs.argmax()) != 0
+
+
+@pytest.mark.parametrize("drafter", [TopKTreeDrafter, SampledTreeDrafter])
+def test_sampled_output_follows_the_target_when_trees_stop_early(tiny_pair, drafter, monkeypatch):
+    """Four new tokens with K = 3, so the stop after depth 2 depends on which sampled candidate is best."""
+    monkeypatch.setattr(support, "NEW_TOKENS", 4)
+    target, draft = tiny_pair
+    spec, cut, whole = TreeSpec.from_branching((2, 2, 1)), 0, 0  # trees cut short / grown as deep as allowed
+    for seed in range(20):
+        written = 0
+        for step in speculative_generate(target, drafter(draft, spec), torch.tensor([[0, 1, 2]]), 4,
+                                         k=ArgmaxStop(3), sampler=SAMPLERS[0], seed=seed).steps:
+            allowed = len(spec.truncated(min(3, 4 - written - 1))) if written < 3 else 0
+            cut, whole = cut + ((step.tree_nodes or 0) < allowed), whole + ((step.tree_nodes or 0) == allowed)
+            written += step.accepted + 1
+    assert cut and whole
+    assert chi_square_p_value(target, drafter(draft, (2, 2, 1)), SAMPLERS[0], samples=800, k=ArgmaxStop(3)) > 1e-3

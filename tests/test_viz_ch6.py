@@ -38,6 +38,11 @@ def test_tree_plot_draws_every_node_and_edge_and_the_path():
     assert edges["edge 4"].get_linewidth() > edges["edge 5"].get_linewidth()
 
 
+def test_tree_plot_without_a_path_highlights_only_the_root():
+    texts = _texts(viz.tree_plot(PARENTS, LABELS).axes[0])
+    assert all(texts[f"node {i}"].get_color() == "black" for i in range(6))
+
+
 def test_tree_mask_plot_shows_the_mask():
     fig = viz.tree_mask_plot(PARENTS, LABELS)
     [image] = fig.axes[0].images

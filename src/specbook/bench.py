@@ -16,14 +16,16 @@ from tqdm.auto import tqdm
 
 from .decoding import autoregressive_generate, speculative_generate
 from .drafters import ModelDrafter
+from .drafters.medusa import DEFAULT_TREE
 from .sampling import Sampler
+from .trees import TreeSpec
 
 # Two prompt sets: open-ended (the model must invent) and input-grounded (the continuation repeats the prompt).
 OPEN_ENDED = [
-    "KING HENRY:\nNow, lords, ",
-    "JULIET:\nO gentle night, ",
-    "FIRST CITIZEN:\nWhat say you to the ",
-    "HAMLET:\nThere is a ",
+    "KING HENRY:\nNow, lords,",
+    "JULIET:\nO gentle night,",
+    "FIRST CITIZEN:\nWhat say you to the",
+    "HAMLET:\nThere is a",
 ]
 INPUT_GROUNDED = [
     "ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
@@ -129,12 +131,55 @@ def ablation(pair, sampler, max_new_tokens, k=4):
     ]
 
 
+def heads_and_trees(pair, medusa, eagle, sampler, max_new_tokens, k=4, stop_threshold=0.1):
+    """Chapter 6's table: the draft model as a chain and as a token tree, Medusa and EAGLE as chains and trees.
+
+    ``medusa`` and ``eagle`` are heads trained on ``pair.target`` (`specbook.heads.MedusaHeads`,
+    `EagleHead`). Every tree has one shape, Medusa's sparse 16-node tree (`DEFAULT_TREE`, drafted
+    to depth k; Medusa's is cut to the heads there are), so the rows differ only in who drafts.
+    The draft model's tree holds its top candidates when decoding is greedy and independent samples
+    from p otherwise (`TopKTreeDrafter`, `SampledTreeDrafter`): a deterministic candidate x passes
+    with probability q(x) only, which is small wherever q is spread out. The heads always draft
+    their top candidates. Two rows try Lu et al. 2024's improvements on the model's tree: a depth
+    that adapts during generation (the same tree with its main line going on to depth 2k, under
+    `HeuristicK` between 1 and 2k), and early stopping (the tree stops growing after a depth whose
+    best candidate the draft gives less than ``stop_threshold``: `ConfidenceStop`,
+    `specbook.drafters.tree`).
+    """
+    from .drafters import EagleDrafter, MedusaDrafter, SampledTreeDrafter, TopKTreeDrafter
+    from .policies import ConfidenceStop, HeuristicK
+
+    target, tree = pair.target, DEFAULT_TREE.truncated(k)
+    model_tree = TopKTreeDrafter if sampler.greedy else SampledTreeDrafter
+    deep = TreeSpec(tree.paths + [(0,) * depth for depth in range(tree.depth + 1, 2 * k + 1)])
+    medusa_tree = tree.truncated(medusa.num_heads)  # a head per depth
+    return [
+        autoregressive(target, sampler, max_new_tokens),
+        speculative(target, pair.draft, k, sampler, max_new_tokens, name=f"draft model, chain k={k}"),
+        speculative(target, model_tree(pair.draft, tree), k, sampler, max_new_tokens,
+                    name=f"draft model, {len(tree)}-node tree"),
+        speculative(target, model_tree(pair.draft, deep), HeuristicK(k, 1, 2 * k), sampler, max_new_tokens,
+                    name="draft model, tree, adaptive depth"),
+        speculative(target, model_tree(pair.draft, tree), ConfidenceStop(stop_threshold, k), sampler,
+                    max_new_tokens, name="draft model, tree, early stop"),
+        speculative(target, MedusaDrafter(target, medusa, tree=None), k, sampler, max_new_tokens,
+                    name=f"Medusa, chain k={k}"),
+        speculative(target, MedusaDrafter(target, medusa, tree=medusa_tree), k, sampler, max_new_tokens,
+                    name=f"Medusa, {len(medusa_tree)}-node tree"),
+        speculative(target, EagleDrafter(target, eagle), k, sampler, max_new_tokens, name=f"EAGLE, chain k={k}"),
+        speculative(target, EagleDrafter(target, eagle, tree=tree), k, sampler, max_new_tokens,
+                    name=f"EAGLE, {len(tree)}-node tree"),
+    ]
+
+
 def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True):
     """Time every method on every prompt (``prompts``: list of (1, T) tensors); return a list of row dicts.
 
     The first method is the baseline (autoregressive): ``speedup`` is its time over each method's.
     ``same_tokens`` says whether a method produced exactly the baseline's tokens on every prompt
-    (expected in greedy mode). Each method runs once untimed first, to pay for lazy initialisation.
+    (expected in greedy mode); ``draft_calls_per_token`` counts the drafter's forward passes (model
+    or head calls) per token, from the last repeat on each prompt. Each method runs once untimed
+    first, to pay for lazy initialisation.
     """
     rows, outputs = [], []
     for method in tqdm(methods, desc="benchmark", disable=not progress):
@@ -155,7 +200,8 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True):
         rows.append({"method": method.name, "k": method.k, "seconds": seconds, "tokens": tokens,
                      "ms_per_token": 1000 * seconds / tokens,
                      "acceptance_rate": _mean([s.acceptance_rate for s in stats]),
-                     "tokens_per_call": _mean([s.tokens_per_step for s in stats])})
+                     "tokens_per_call": _mean([s.tokens_per_step for s in stats]),
+                     "draft_calls_per_token": sum(s.draft_calls for s in stats) / tokens if stats else float("nan")})
     for row, method_outputs in zip(rows, outputs):
         row["speedup"] = rows[0]["seconds"] / row["seconds"]
         row["same_tokens"] = method_outputs == outputs[0]

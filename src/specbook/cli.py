@@ -2,6 +2,7 @@
 
     python -m specbook generate "ROMEO:\\n" --k 4 --trace
     python -m specbook bench --prompts grounded --ks 1,2,4,6 --out bench.csv
+    python -m specbook bench --suite heads --ks 4
     python -m specbook chat
 """
 
@@ -11,9 +12,9 @@ import sys
 
 import torch
 
-from .bench import PROMPT_SETS, ablation, comparison, machine, run_benchmark
+from .bench import PROMPT_SETS, ablation, comparison, heads_and_trees, machine, run_benchmark
 from .decoding import autoregressive_generate, speculative_generate
-from .models import load_pair
+from .models import BUILT_IN, load_pair
 from .sampling import Sampler
 from .viz import render_trace
 
@@ -70,15 +71,30 @@ def generate(args):
             args.trace)
 
 
+def _built_in_heads(pair):
+    """The Medusa heads and the EAGLE head trained on the built-in pair's target."""
+    from .heads import EagleHead, MedusaHeads
+
+    try:
+        return MedusaHeads.from_pretrained(pair.name, pair.target), EagleHead.from_pretrained(pair.name, pair.target)
+    except FileNotFoundError as error:
+        raise ValueError(str(error)) from error
+
+
 def bench(args):
     import pandas as pd
 
+    if args.suite == "heads" and (args.target or args.draft or args.pair not in (None, *BUILT_IN)):
+        raise ValueError("--suite heads needs a built-in pair (--pair shakespeare, the default): its Medusa and "
+                         "EAGLE heads were trained on that target's features and fit no other model")
     pair = _load(args)
     sampler = Sampler(args.temperature, args.top_k, args.top_p)
     if args.suite == "comparison":
         methods = comparison(pair, sampler, args.max_new_tokens, args.ks, args.hf)
-    else:
+    elif args.suite == "ablation":
         methods = ablation(pair, sampler, args.max_new_tokens, max(args.ks))
+    else:
+        methods = heads_and_trees(pair, *_built_in_heads(pair), sampler, args.max_new_tokens, max(args.ks))
     frames = []
     for name in (["open", "grounded"] if args.prompts == "both" else [args.prompts]):
         prompts = [pair.encode(text) for text in PROMPT_SETS[name]]
@@ -166,12 +182,13 @@ def main(argv=None):
     _add_model_options(gen)
     _add_sampling_options(gen)
     ben = commands.add_parser("bench", help="benchmark AR, speculative (several K) and HF assisted generation")
-    ben.add_argument("--suite", choices=["comparison", "ablation"], default="comparison",
+    ben.add_argument("--suite", choices=["comparison", "ablation", "heads"], default="comparison",
                      help="comparison: AR, speculative for each K, HF assisted (chapter 4); ablation: model "
-                          "drafter, EGAG, NASD, prompt lookup (chapter 5)")
+                          "drafter, EGAG, NASD, prompt lookup (chapter 5); heads: the model drafter as a chain "
+                          "and a tree, Medusa and EAGLE (chapter 6, built-in pair only)")
     ben.add_argument("--prompts", choices=["open", "grounded", "both"], default="both")
     ben.add_argument("--ks", type=lambda text: [_positive_int(k) for k in text.split(",")], default=[1, 2, 3, 4, 6],
-                     help="draft lengths (default: 1,2,3,4,6; the ablation uses the largest)")
+                     help="draft lengths (default: 1,2,3,4,6; the ablation and heads suites use the largest)")
     ben.add_argument("--repeats", type=_positive_int, default=3)
     ben.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
                      help="include Hugging Face assisted generation (default: yes)")

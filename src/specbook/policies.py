@@ -96,9 +96,10 @@ class ConfidenceStop(DraftLength):
     Hugging Face's ``assistant_confidence_threshold``: a draft unsure of its own token (top
     probability max_x p(x) < threshold, read from the draft's unwarped distribution, so it works
     under greedy sampling too) is unlikely to match the target, so drafting past it wastes draft
-    calls and verification positions. The unsure token itself is still proposed. Only model
-    drafters drafting a chain report their confidence: with a deterministic drafter (n-grams) it
-    never stops early and acts as FixedK(k_max).
+    calls and verification positions. The unsure token itself is still proposed. Model drafters
+    report their confidence (a chain after every token, a draft model's tree after every depth,
+    `specbook.drafters.tree`): with a deterministic drafter (n-grams) it never stops early and
+    acts as FixedK(k_max).
     """
 
     def __init__(self, threshold: float = 0.5, k_max: int = 8):
@@ -132,9 +133,10 @@ class EntropyGuidedK(HeuristicK):
     draft's entropy as a predictor of acceptance, drives AdaEDL's early stopping, Agrawal et al. 2024.)
 
     The entropies are those of the draft model's own distributions (before the sampler's warp),
-    which a chain drafter shows ``keep_drafting`` token by token -- under greedy sampling the p
-    that verification uses is one-hot, entropy 0, whatever the draft believes. A drafter that
-    reports its p but does not draft token by token (a tree drafter) gives the step's p instead. A
+    which a model drafter shows ``keep_drafting`` token by token (a draft model's tree: depth by
+    depth) -- under greedy sampling the p that verification uses is one-hot, entropy 0, whatever
+    the draft believes. A drafter that reports its p but never asks ``keep_drafting`` gives the
+    step's p instead. A
     deterministic drafter (n-grams) shows no confidence at all, and the policy then falls back to
     HeuristicK's accept-driven schedule (grow by 2 on a fully accepted step, shrink by 1
     otherwise) between gamma_min and gamma_max.

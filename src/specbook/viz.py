@@ -775,7 +775,7 @@ def tree_plot(parents, labels: Sequence[str] | None = None, path: Sequence[int] 
     path = list(path)
     if any(not isinstance(node, int) or not 0 <= node < len(parents) for node in path):
         raise ValueError(f"path must list node indices in [0, {len(parents)}) (got {path})")
-    if [parents[node] for node in path] != [-1] + path[:-1]:
+    if [parents[node] for node in path] != ([-1] + path[:-1] if path else []):
         raise ValueError(f"path must run from the root down, each node a child of the one before (got {path})")
     depths = tree_positions(parents).tolist()  # (n + 1,) root first
     rows = {}  # each row's vertical slot: leaves in order, a parent centred on its children

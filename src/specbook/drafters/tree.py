@@ -15,6 +15,24 @@ Two ways to pick a node's children, one for each lossless case of tree verificat
 - `SampledTreeDrafter`: every child is an independent draw from the draft's warped distribution p
   (duplicates allowed) and reports p -- the i.i.d. multi-candidate setting of SpecInfer and of
   Yang et al. 2024 (MCSD).
+
+How deep a tree grows is decided while it is drafted, as for a chain (Lu et al. 2024 make the
+same two moves for multi-candidate drafting: a draft length that changes during generation, and
+early stopping):
+
+- ``propose(k)`` drafts the depths <= k, so a draft-length policy (`specbook.policies.HeuristicK`,
+  `EntropyGuidedK`) sets the depth step by step. Because the spec's nodes are sorted by depth,
+  the tree of depth k is a prefix of the nodes and its attention mask the top-left corner of the
+  full tree's: Lu et al.'s "sliced" mask, with nothing to precompute.
+- ``keep_drafting`` (the policy's early stop, e.g. `specbook.policies.ConfidenceStop`) is asked
+  once per depth, after that depth's candidates are picked, with the draft's own next-token
+  distribution (its softmax, before the sampler's warp) at the parent of the level's *best*
+  candidate -- the one whose path the draft finds most likely. When it says stop, the level just
+  picked is kept and nothing deeper is drafted or fed. A one-wide tree thus stops exactly where a
+  chain drafter would.
+
+Both are lossless: they choose the tree's shape from the draft's own information, before the
+children they add or leave out are drawn, and verification does not care what shape it is given.
 """
 
 import torch
@@ -28,8 +46,8 @@ from .model import ModelDrafter
 class TopKTreeDrafter(ModelDrafter):
     """Draft a tree of shape ``tree`` (a `TreeSpec`, or a branching tuple such as (2, 2, 1)) with a draft model.
 
-    ``propose(k, ...)`` drafts the nodes of depth <= k, so a step still emits at most k + 1 tokens.
-    It ignores ``keep_drafting``: a draft-length policy picks the depth, not where to stop.
+    ``propose(k, ...)`` drafts the nodes of depth <= k, so a step still emits at most k + 1 tokens,
+    and stops at a shallower depth where ``keep_drafting`` says so (see the module docstring).
     """
 
     def __init__(self, model: torch.nn.Module, tree=(2, 2, 1)):
@@ -49,7 +67,8 @@ class TopKTreeDrafter(ModelDrafter):
         tree = self.tree.truncated(k)
         logits = self.model(torch.tensor([self.pending], device=self.device), past_key_values=self.cache,
                             use_cache=True, logits_to_keep=1).logits[0, :, : self.vocab_size]  # (1, vocab): the root
-        tokens, probs, self.calls = [], [], self.calls + 1
+        path_logp = logits.new_zeros(1)  # (1 + nodes so far,): each row's path log-probability under the draft
+        tokens, probs, self.calls, drafted = [], [], self.calls + 1, 0
         for depth in range(1, tree.depth + 1):
             level = [node for node, node_depth in enumerate(tree.depths) if node_depth == depth]  # contiguous
             rows = [tree.parents[node] + 1 for node in level]  # their parents' rows in logits
@@ -57,15 +76,22 @@ class TopKTreeDrafter(ModelDrafter):
                                                        sampler, generator)
             tokens.append(level_tokens)
             probs.append(level_probs)
+            drafted = level[-1] + 1
+            if keep_drafting is not None:  # ask once per depth, about the level's most likely candidate
+                own = logits[rows].float().log_softmax(-1)  # (len(level), vocab): the draft's unwarped log p
+                level_logp = path_logp[rows] + own.gather(1, level_tokens[:, None])[:, 0]  # (len(level),)
+                path_logp = torch.cat([path_logp, level_logp])
+                if not keep_drafting(own[int(level_logp.argmax())].exp()):
+                    break
             if depth < tree.depth:  # feed this level: its distributions pick the next level
-                new = tree_forward(self.model, self.cache, level_tokens, tree.parents[: level[-1] + 1],
+                new = tree_forward(self.model, self.cache, level_tokens, tree.parents[:drafted],
                                    in_cache=level[0] + 1)[:, : self.vocab_size]  # (len(level), vocab)
                 logits = torch.cat([logits, new])  # (1 + nodes so far, vocab), row i + 1 is node i
                 self.calls += 1
-                self.fed = level[-1] + 1
+                self.fed = drafted
         self.pending = []
         self.proposed = torch.cat(tokens).tolist()
-        return Draft(torch.cat(tokens), torch.cat(probs) if probs[0] is not None else None, tree.parents)
+        return Draft(torch.cat(tokens), torch.cat(probs) if probs[0] is not None else None, tree.parents[:drafted])
 
     def update(self, num_accepted, next_token, path=None):
         path = path or []  # no path: nothing was proposed this step
