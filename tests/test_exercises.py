@@ -32,8 +32,11 @@ from specbook.exercises import CHECKS, FAIL, PASS, Outcome, tiny
 from specbook.exercises.ch01 import _warp
 from specbook.exercises.ch04 import speculative_greedy_reference
 from specbook.exercises.ch05 import _lookup_variant
+from specbook.drafters.medusa import DEFAULT_TREE
+from specbook.exercises.ch06 import greedy_walk, siblings_output, tree_tokens_per_call_reference
 from specbook.rejection import acceptance_rate, output_distribution, residual_distribution, verify_chain
 from specbook.theory import expected_tokens_per_step, optimal_k, speedup
+from specbook.trees import tree_positions, verify_tree_greedy
 
 ROOT = Path(__file__).resolve().parents[1]
 STUBS = sorted((ROOT / "exercises").glob("*.ipynb"))
@@ -222,6 +225,71 @@ def _heuristic_next_k(k, drafted, accepted, k_min=1, k_max=16, *, success=None, 
     return min(max(new_k, k_min), k_max) if clamp else new_k
 
 
+# Chapter 6
+
+
+def _tree_mask(parents, *, ancestors=True, diagonal=True, root=True, with_root_row=True):
+    """The tree attention mask by hand, and with switches the usual mistakes."""
+    mask = torch.zeros(len(parents) + 1, len(parents) + 1, dtype=torch.bool)
+    mask[0, 0] = True
+    for node, parent in enumerate(parents):
+        mask[node + 1, node + 1] = diagonal
+        while parent != -1:
+            mask[node + 1, parent + 1] = True
+            parent = parents[parent] if ancestors else -1
+        mask[node + 1, 0] = root
+    return mask if with_root_row else mask[1:, 1:]
+
+
+def _tree_position_ids(parents, context_length, *, root_at=0, with_root=True):
+    depths = [0]
+    for parent in parents:
+        depths.append(depths[parent + 1] + 1)
+    positions = [context_length + root_at + depth for depth in depths]
+    return positions if with_root else positions[1:]
+
+
+def _medusa_tree(head_logits, choices, *, order=lambda path: (len(path), path), head=lambda depth: depth - 1,
+                 rank=lambda path: path[-1], tokens_only=False):
+    """Medusa's tree of the heads' top guesses by hand, and with switches the usual mistakes."""
+    paths = sorted(choices, key=order) if order else list(choices)
+    ranked = head_logits.argsort(-1, descending=True)  # (heads, vocab): each head's tokens, best first
+    index = {path: node for node, path in enumerate(paths)}
+    tokens = [int(ranked[head(len(path)), rank(path)]) for path in paths]
+    parents = [index[path[:-1]] if len(path) > 1 else -1 for path in paths]
+    return tokens if tokens_only else (tokens, parents)
+
+
+def _verify_tree_greedily(tokens, parents, target_tokens, *, as_tokens=False, next_from_root=False):
+    path, row = [], 0
+    while True:
+        match = next((node for node, parent in enumerate(parents)
+                      if parent == row - 1 and tokens[node] == target_tokens[row]), None)
+        if match is None:
+            next_token = target_tokens[0] if next_from_root else target_tokens[row]
+            return ([tokens[node] for node in path] if as_tokens else path), next_token
+        path.append(match)
+        row = match + 1
+
+
+def _no_residual_output(q, candidates, *, final_draw="q", chained=True):
+    emitted, untried = torch.zeros_like(q), 1.0
+    for token in candidates:
+        emitted[token] += (untried if chained else 1.0) * q[token]
+        untried *= 1 - float(q[token])
+    if final_draw == "q":
+        return emitted + untried * q
+    if final_draw == "without the candidates":
+        rest = q.clone()
+        rest[candidates] = 0
+        return emitted + untried * rest / rest.sum()
+    return emitted
+
+
+def _tree_tokens_per_call(paths, accuracy, *, step=lambda depth, rank, accuracy: accuracy[depth][rank], one=1):
+    return one + sum(np.prod([step(depth, rank, accuracy) for depth, rank in enumerate(path)]) for path in paths)
+
+
 REFERENCES = {
     "accept_draft": lambda x, q, p, u: u < _accept_prob(x, q, p),
     "residual": residual_distribution,
@@ -247,6 +315,12 @@ REFERENCES = {
     "prompt_lookup": _prompt_lookup,
     "ngram_draft": _ngram_by_hand,
     "heuristic_next_k": _heuristic_next_k,
+    "tree_mask": _tree_mask,
+    "tree_position_ids": _tree_position_ids,
+    "medusa_tree": _medusa_tree,
+    "verify_tree_greedily": _verify_tree_greedily,
+    "no_residual_output": _no_residual_output,
+    "tree_tokens_per_call": _tree_tokens_per_call,
 }
 
 WRONG = {
@@ -420,6 +494,59 @@ WRONG = {
         "back to k_min after a rejection":
             lambda *args, **kw: _heuristic_next_k(*args, **kw, shrink=lambda k, k_min: k_min),
     },
+    "tree_mask": {
+        "only the parent visible, not the ancestors": lambda parents: _tree_mask(parents, ancestors=False),
+        "the diagonal forgotten": lambda parents: _tree_mask(parents, diagonal=False),
+        "the root column forgotten": lambda parents: _tree_mask(parents, root=False),
+        "transposed": lambda parents: _tree_mask(parents).T,
+        "a chain's causal mask": lambda parents: torch.ones(len(parents) + 1, len(parents) + 1).tril().bool(),
+        "without the root's row and column": lambda parents: _tree_mask(parents, with_root_row=False),
+        "an additive float mask": lambda parents: torch.zeros(len(parents) + 1, len(parents) + 1).masked_fill(
+            ~_tree_mask(parents), float("-inf")),
+    },
+    "tree_position_ids": {
+        "rows numbered in order, as for a chain":
+            lambda parents, length: list(range(length, length + len(parents) + 1)),
+        "depths without the cached tokens": lambda parents, length: _tree_position_ids(parents, 0),
+        "the root one position too far": lambda parents, length: _tree_position_ids(parents, length, root_at=1),
+        "the nodes only, no root": lambda parents, length: _tree_position_ids(parents, length, with_root=False),
+        "the parent's index for its depth":
+            lambda parents, length: [length] + [length + parent + 2 for parent in parents],
+    },
+    "medusa_tree": {
+        "the nodes in the order of choices": lambda *args: _medusa_tree(*args, order=None),
+        "sorted by path alone, depth first": lambda *args: _medusa_tree(*args, order=lambda path: path),
+        "head d for depth d, one head too far": lambda *args: _medusa_tree(*args, head=lambda depth: depth),
+        "the rank of the path's first step": lambda *args: _medusa_tree(*args, rank=lambda path: path[0]),
+        "every depth from head 0": lambda *args: _medusa_tree(*args, head=lambda depth: 0),
+        "each head's best guess, the rank ignored": lambda *args: _medusa_tree(*args, rank=lambda path: 0),
+        "the tokens only": lambda *args: _medusa_tree(*args, tokens_only=True),
+    },
+    "verify_tree_greedily": {
+        "any node one level deeper, not only children": lambda *args: greedy_walk(*args, any_depth=True),
+        "a child checked against its own row": lambda *args: greedy_walk(*args, own_row=True),
+        "first children only, a chain": lambda *args: greedy_walk(*args, first_child_only=True),
+        "the accepted tokens, not the nodes": lambda *args: _verify_tree_greedily(*args, as_tokens=True),
+        "the next token from the root's row": lambda *args: _verify_tree_greedily(*args, next_from_root=True),
+        "the path only": lambda *args: _verify_tree_greedily(*args)[0],
+    },
+    "no_residual_output": {
+        "q (the residual rule's output)": lambda q, candidates: q,
+        "no final draw": lambda *args: _no_residual_output(*args, final_draw=None),
+        "the final draw without the candidates": lambda *args: _no_residual_output(*args,
+                                                                                  final_draw="without the candidates"),
+        "every candidate accepted with q(x), earlier rejections ignored":
+            lambda *args: _no_residual_output(*args, chained=False),
+    },
+    "tree_tokens_per_call": {
+        "without the 1": lambda *args: _tree_tokens_per_call(*args, one=0),
+        "each node's own accuracy, not the product along its path":
+            lambda paths, accuracy: 1 + sum(accuracy[len(path) - 1][path[-1]] for path in paths),
+        "the first depth's accuracies all along the path":
+            lambda *args: _tree_tokens_per_call(*args, step=lambda depth, rank, accuracy: accuracy[0][rank]),
+        "chapter 3's chain formula at the top accuracy":
+            lambda paths, accuracy: expected_tokens_per_step(accuracy[0][0], max(len(path) for path in paths)),
+    },
 }
 
 
@@ -499,6 +626,81 @@ def test_messages_name_the_mistakes_of_the_later_chapters():
     assert "the earliest occurrence" in message("prompt_lookup", "the earliest occurrence")
     assert "Stop rather than guess" in message("ngram_draft", "guesses the most frequent token at an unknown context")
     assert "Compare accepted with drafted" in message("heuristic_next_k", "success means accepted == k")
+
+
+CHAPTER_6_MESSAGES = [  # (checker, wrong answer, what its message must say)
+    ("tree_mask", "only the parent visible, not the ancestors", "not every ancestor"),
+    ("tree_mask", "the diagonal forgotten", "diagonal is missing"),
+    ("tree_mask", "transposed", "transposed"),
+    ("tree_mask", "a chain's causal mask", "cousins"),
+    ("tree_mask", "without the root's row and column", "the root (the pending token) is row and column 0"),
+    ("tree_mask", "an additive float mask", "additive form"),
+    ("tree_position_ids", "rows numbered in order, as for a chain", "share a position"),
+    ("tree_position_ids", "depths without the cached tokens", "add context_length"),
+    ("medusa_tree", "the nodes in the order of choices", "as TreeSpec does"),
+    ("medusa_tree", "sorted by path alone, depth first", "by depth and then by path"),
+    ("medusa_tree", "head d for depth d, one head too far", "head d - 1"),
+    ("medusa_tree", "the rank of the path's first step", "last entry of its path"),
+    ("verify_tree_greedily", "any node one level deeper, not only children", "not a child of the last accepted node"),
+    ("verify_tree_greedily", "a child checked against its own row", "at its parent"),
+    ("verify_tree_greedily", "first children only, a chain", "a chain"),
+    ("verify_tree_greedily", "the accepted tokens, not the nodes", "Return the nodes' indices"),
+    ("no_residual_output", "q (the residual rule's output)", "what the rule with the residual emits"),
+    ("no_residual_output", "no final draw", "the final draw is missing"),
+    ("no_residual_output", "the final draw without the candidates", "candidates included"),
+    ("tree_tokens_per_call", "without the 1", "one more token"),
+    ("tree_tokens_per_call", "each node's own accuracy, not the product along its path", "multiply the accuracies"),
+]
+
+
+@pytest.mark.parametrize("name, label, phrase", CHAPTER_6_MESSAGES, ids=[f"{n}: {w}" for n, w, _ in CHAPTER_6_MESSAGES])
+def test_messages_name_the_mistakes_of_chapter_6(name, label, phrase):
+    message = CHECKS[name].outcome(WRONG[name][label]).message
+    assert phrase in message, message
+
+
+def test_tree_cases_agree_with_the_package_and_cover_every_path():
+    """Walking one-hot candidates with the residual gives q exactly (what verify_tree relies on), and
+    the shortcut's output differs from q wherever q is not one-hot; the greedy cases accept nothing,
+    part of a branch, and a branch down to its leaf, and agree with the hand-written walk."""
+    for case in CHECKS["no_residual_output"].cases():
+        target_probs, candidates = case.args
+        torch.testing.assert_close(siblings_output(target_probs, candidates), target_probs)
+        assert (not np.allclose(case.expected, target_probs.numpy())) == bool((target_probs < 1).all()), case.label
+    outcomes = set()
+    for case in CHECKS["verify_tree_greedily"].cases():
+        tokens, parents, target_tokens = case.args
+        outcome = verify_tree_greedy(torch.tensor(tokens), parents, torch.tensor(target_tokens))
+        assert (outcome.path, outcome.next_token) == case.expected == greedy_walk(*case.args)
+        outcomes.add("none" if not outcome.path else "leaf" if outcome.bonus else "part")
+    assert outcomes == {"none", "part", "leaf"}
+
+
+def test_medusa_cases_have_clear_ranks_and_heads_that_differ():
+    """No near-tie decides a rank the tree uses, and the heads' rankings differ, so that a learner's
+    mix-up of heads or ranks cannot pass by accident."""
+    for case in CHECKS["medusa_tree"].cases():
+        head_logits, choices = case.args
+        used = max(path[-1] for path in choices) + 1
+        top = head_logits.sort(-1, descending=True).values[:, :used + 1]  # (heads, used + 1)
+        assert float((top[:, :-1] - top[:, 1:]).min()) > 1e-3, case.label
+        ranked = head_logits.argsort(-1, descending=True)[:, :used]
+        assert len({tuple(row) for row in ranked.tolist()}) == len(ranked), case.label
+
+
+def test_tree_tokens_per_call_matches_greedy_verification_by_simulation():
+    """The formula against Monte Carlo: at every node the target's token is the rank-r candidate with
+    probability accuracy[depth][r] (or none of them), and verify_tree_greedy walks the tree."""
+    accuracy = [[0.6, 0.15, 0.08, 0.05], [0.45, 0.15, 0.08, 0.05], [0.35, 0.12, 0.06, 0.04], [0.3, 0.1, 0.05, 0.03]]
+    spec = DEFAULT_TREE
+    depths, tokens = tree_positions(spec.parents).tolist(), torch.tensor(spec.ranks)  # a node's token: its rank
+    rng, runs, emitted = np.random.default_rng(0), 4000, []
+    for _ in range(runs):
+        target_tokens = [int(rng.choice(5, p=accuracy[depth] + [1 - sum(accuracy[depth])]))
+                         if depth < spec.depth else 4 for depth in depths]  # 4: no candidate's token
+        emitted.append(len(verify_tree_greedy(tokens, spec.parents, torch.tensor(target_tokens)).path) + 1)
+    expected = tree_tokens_per_call_reference(spec.paths, accuracy)
+    assert abs(np.mean(emitted) - expected) < 4 * np.std(emitted) / np.sqrt(runs), (np.mean(emitted), expected)
 
 
 def test_decoding_cases_have_clear_greedy_choices_and_agree_with_the_engine():
