@@ -154,18 +154,18 @@ class EntropyGuidedK(HeuristicK):
         super().__init__(k_start=gamma_max, k_min=gamma_min, k_max=gamma_max)
         self.ema, self.entropy_ref = ema, entropy_ref
         self.entropy = None  # the moving average H, None before the first informative step
-        self.step_entropies = []  # this step's, from keep_drafting: 0-d tensors (kept on the device)
+        self._drafting_entropies = []  # this step's, from keep_drafting: 0-d tensors (kept on the device)
 
     def start(self) -> None:
         super().start()
-        self.entropy, self.step_entropies = None, []
+        self.entropy, self._drafting_entropies = None, []
 
     def keep_drafting(self, draft_probs):
-        self.step_entropies.append(torch.special.entr(draft_probs).sum())
+        self._drafting_entropies.append(torch.special.entr(draft_probs).sum())
         return True
 
     def update(self, drafted, accepted, draft_probs):
-        entropies, self.step_entropies = self.step_entropies, []
+        entropies, self._drafting_entropies = self._drafting_entropies, []
         if entropies:
             step_entropy = float(torch.stack(entropies).mean())
         elif drafted and draft_probs is not None:
