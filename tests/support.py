@@ -30,20 +30,23 @@ def sequence_distribution(target, prompt, sampler):
     """Exact probability of every length-NEW_TOKENS continuation under the warped target."""
     exact = {}
     for sequence in itertools.product(range(VOCAB), repeat=NEW_TOKENS):
-        ids = torch.cat([prompt, torch.tensor([sequence])], dim=1)
+        ids = torch.cat([prompt, torch.tensor([sequence], device=prompt.device)], dim=1)
         probs = sampler.probs(target(ids).logits[0, prompt.shape[1] - 1: -1])  # (NEW_TOKENS, vocab)
         exact[sequence] = float(probs[torch.arange(NEW_TOKENS), list(sequence)].prod())
     return exact
 
 
-def chi_square_p_value(target, drafter, sampler, samples=SAMPLES, prompt=(0, 1, 2), k=2):
-    """Generate NEW_TOKENS tokens ``samples`` times (seeds 0, 1, ...) and test them against the exact distribution."""
-    prompt = torch.tensor([prompt])
+def chi_square_p_value(target, drafter, sampler, samples=SAMPLES, prompt=(0, 1, 2), k=2, **options):
+    """Generate NEW_TOKENS tokens ``samples`` times (seeds 0, 1, ...) and test them against the exact distribution.
+
+    ``options`` go to `speculative_generate` (the GPU path's ``cache`` and ``compile``)."""
+    prompt = torch.tensor([prompt], device=target.device)
     with torch.no_grad():
         exact = sequence_distribution(target, prompt, sampler)
     counts = dict.fromkeys(exact, 0)
     for seed in range(samples):
-        result = speculative_generate(target, drafter, prompt, NEW_TOKENS, k=k, sampler=sampler, seed=seed)
+        result = speculative_generate(target, drafter, prompt, NEW_TOKENS, k=k, sampler=sampler,
+                                      seed=seed, **options)
         counts[tuple(result.token_ids)] += 1
     outside = sum(count for sequence, count in counts.items() if exact[sequence] == 0)
     assert outside == 0  # nothing outside the support

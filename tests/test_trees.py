@@ -182,7 +182,8 @@ def test_steps_of_a_tree_generation_account_for_every_token(target, draft):
 
 def test_caches_keep_only_the_accepted_paths(target, monkeypatch):
     caches = []
-    monkeypatch.setattr(specbook.decoding, "new_cache", lambda model: caches.append(new_cache(model)) or caches[-1])
+    monkeypatch.setattr(specbook.decoding, "new_cache",
+                        lambda model, max_length=None: caches.append(new_cache(model, max_length)) or caches[-1])
     noisy = noisy_copy(target, noise=0.01)
     drafter = TopKTreeDrafter(noisy, (3, 2, 2))
     result = speculative_generate(target, drafter, PROMPT, 30, k=3, sampler=Sampler(0.8), seed=1)

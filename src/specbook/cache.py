@@ -1,26 +1,57 @@
 """KV caches that can be rolled back.
 
 Speculative decoding writes the keys and values of every drafted token into the cache, and must
-forget the ones the target rejected. Rolling back is cropping the cache's sequence dimension: the
-prefix is never recomputed. Tree verification (`specbook.trees`) feeds every branch of a token
-tree at once; afterwards the cache keeps the prefix and the accepted path only (`keep_positions`).
+forget the ones the target rejected. Rolling back never recomputes the prefix. Two kinds:
+
+- a dynamic cache (`transformers.DynamicCache`, the default) grows as tokens are fed; rolling
+  back crops its sequence dimension;
+- a static cache (`transformers.StaticCache`, for GPUs) is allocated once for the whole
+  generation; every layer keeps a length pointer on the device, and rolling back moves the
+  pointer back: nothing is copied, and the next tokens overwrite the forgotten ones. Keys beyond
+  a query's position are hidden by the causal mask, so what lies past the pointer is never read.
+  Fixed shapes and a pointer on the device are what lets a decode step be replayed as a CUDA graph
+  (`specbook.compiled`).
+
+Tree verification (`specbook.trees`) feeds every branch of a token tree at once; afterwards the
+cache keeps the prefix and the accepted path only (`keep_positions`, dynamic caches).
 """
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer
 
+CACHES = ("dynamic", "static")
 
-def new_cache(model):
-    """An empty cache for ``model`` (grows as tokens are fed)."""
-    return DynamicCache()
+
+def check_cache_kind(cache: str) -> None:
+    if cache not in CACHES:
+        raise ValueError(f"cache must be one of {CACHES} (got {cache!r})")
+
+
+def new_cache(model, max_length: int | None = None):
+    """An empty cache for ``model``: dynamic, or static with room for ``max_length`` tokens when given."""
+    if max_length is None:
+        return DynamicCache()
+    if not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length must be an integer >= 1 (got {max_length!r})")
+    return StaticCache(config=model.config, max_cache_len=max_length)
+
+
+def is_static(cache) -> bool:
+    return isinstance(cache, StaticCache)
 
 
 def rollback(cache, num_tokens: int) -> None:
-    """Forget the last ``num_tokens`` positions of ``cache`` (in place)."""
+    """Forget the last ``num_tokens`` positions of ``cache`` (in place): crop it, or move its pointers back."""
     if num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0 (got {num_tokens})")
-    if num_tokens:
+    if not num_tokens:
+        return
+    if is_static(cache):
+        for layer in cache.layers:
+            if layer.is_initialized:
+                layer.cumulative_length.sub_(num_tokens)  # a device scalar: no copy, no sync
+    else:
         cache.crop(-num_tokens)
 
 

@@ -18,6 +18,12 @@ node 0, ..., node n-1] and keeps the prefix, the pending token and the accepted 
 A drafter that reads the target's hidden states (``Drafter.uses_features``: Medusa, EAGLE) gets
 them from the same target calls: the engine runs the target's base model, then its LM head on
 the features, and hands the features of the committed positions to the drafter.
+
+The same loops are the GPU path. ``cache="static"`` pre-allocates both models' KV caches for the
+whole generation and rolls back by moving a length pointer on the device (`specbook.cache`);
+``compile=True`` adds compiled decode steps, replayed as CUDA graphs on a GPU
+(`specbook.compiled`). Drafts stay on the device, and a chain's accept/reject decision is one
+vectorised step (`verify_chain`), so the host waits for the device once per target call.
 """
 
 import time
@@ -25,7 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .cache import keep_positions, new_cache, rollback
+from .cache import check_cache_kind, is_static, keep_positions, new_cache, rollback
+from .compiled import compiled
 from .drafters import Drafter, ModelDrafter
 from .heads import target_features
 from .policies import as_policy
@@ -69,7 +76,7 @@ class Generation:
     text: str | None = None
 
 
-def _check_inputs(model, input_ids, max_new_tokens):
+def _check_inputs(model, input_ids, max_new_tokens, cache="dynamic", compile=False):
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[0] != 1:
         shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise ValueError(f"input_ids must be a (1, T) tensor of token ids, a batch of one (got {shape})")
@@ -83,6 +90,9 @@ def _check_inputs(model, input_ids, max_new_tokens):
                          f"the model's context of {context} tokens")
     if input_ids.device != model.device:
         raise ValueError(f"input_ids are on {input_ids.device} but the model is on {model.device}: move them with .to()")
+    check_cache_kind(cache)
+    if compile and cache != "static":
+        raise ValueError("compile=True needs cache='static': a compiled step replays fixed shapes")
 
 
 def _vocab_size(model) -> int:
@@ -93,13 +103,14 @@ def _generator(seed, device):
     return None if seed is None else torch.Generator(device).manual_seed(seed)
 
 
-def _prefill(model, input_ids, features=False):
+def _prefill(model, input_ids, features=False, max_length=None):
     """Fill a new cache with all prompt tokens but the last, which is returned as pending.
 
+    The cache is static, with room for ``max_length`` tokens, when that is given, else dynamic.
     With ``features``, also return the model's features at those T - 1 positions (None for a
     one-token prompt); the prefill then runs the base model alone and computes no logits.
     """
-    cache, context, hidden = new_cache(model), input_ids[:, :-1], None
+    cache, context, hidden = new_cache(model, max_length), input_ids[:, :-1], None
     if context.shape[1] and features:
         hidden = target_features(model, context, past_key_values=cache, use_cache=True)[0]  # (T - 1, hidden)
     elif context.shape[1]:
@@ -107,12 +118,13 @@ def _prefill(model, input_ids, features=False):
     return cache, input_ids[0, -1:].tolist(), hidden
 
 
-def _target_forward(target, cache, input_ids, features, **inputs):
+def _target_forward(target, cache, input_ids, features, forward, **inputs):
     """The target on ``input_ids`` (1, n) after ``cache``: its logits (n, vocab), and its features (n, hidden)
     when ``features`` is set (else None): the base model, then the LM head -- the arithmetic of
-    ``target(...)``, with the hidden states kept. ``inputs``: a tree's mask and positions."""
+    ``target(...)``, with the hidden states kept. ``forward`` is the target or its compiled step;
+    ``inputs``: a tree's mask and positions."""
     if not features:
-        return target(input_ids, past_key_values=cache, use_cache=True, **inputs).logits[0], None
+        return forward(input_ids, past_key_values=cache, use_cache=True, **inputs).logits[0], None
     hidden = target_features(target, input_ids, past_key_values=cache, use_cache=True, **inputs)[0]  # (n, hidden)
     return target.get_output_embeddings()(hidden), hidden
 
@@ -126,27 +138,36 @@ def _finish(token_ids, eos_token_id, tokenizer):
 
 @torch.inference_mode()
 def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(), seed=None, eos_token_id=None,
-                            tokenizer=None) -> Generation:
-    """Algorithm 1: one target call per new token. ``input_ids`` is (1, T)."""
-    _check_inputs(model, input_ids, max_new_tokens)
+                            tokenizer=None, cache="dynamic", compile=False) -> Generation:
+    """Algorithm 1: one target call per new token. ``input_ids`` is (1, T).
+
+    ``cache`` ("dynamic" or "static") and ``compile`` choose the GPU path, as in `speculative_generate`.
+    Tokens stay on the device until the end, unless an ``eos_token_id`` must be watched for.
+    """
+    _check_inputs(model, input_ids, max_new_tokens, cache, compile)
     generator = _generator(seed, model.device)
     started = time.perf_counter()
-    cache, pending, _ = _prefill(model, input_ids)
+    static_length = input_ids.shape[1] + max_new_tokens if cache == "static" else None
+    kv_cache, _, _ = _prefill(model, input_ids, max_length=static_length)
+    forward = compiled(model) if compile else model
     vocab = _vocab_size(model)
-    token_ids = []
-    while len(token_ids) < max_new_tokens and (not token_ids or token_ids[-1] != eos_token_id):
-        logits = model(torch.tensor([pending], device=model.device), past_key_values=cache, use_cache=True,
-                       logits_to_keep=1).logits[0, -1, :vocab]  # (vocab,)
-        pending = [int(sampler.sample(sampler.probs(logits), generator))]
-        token_ids.append(pending[0])
-    token_ids, text = _finish(token_ids, eos_token_id, tokenizer)
+    token = input_ids[0, -1:]  # (1,): the pending token
+    tokens = []
+    while len(tokens) < max_new_tokens:
+        logits = forward(token[None], past_key_values=kv_cache, use_cache=True,
+                         logits_to_keep=1).logits[0, -1, :vocab]  # (vocab,)
+        token = sampler.sample(sampler.probs(logits), generator).view(1)  # (1,), on the device
+        tokens.append(token)
+        if eos_token_id is not None and int(token) == eos_token_id:
+            break
+    token_ids, text = _finish(torch.cat(tokens).tolist(), eos_token_id, tokenizer)
     stats = Stats(len(token_ids), 0, float("nan"), 1.0, time.perf_counter() - started)
     return Generation(token_ids, stats, text=text)
 
 
-def _as_drafter(drafter, target):
+def _as_drafter(drafter, target, cache="dynamic", compile=False, max_length=None):
     if isinstance(drafter, torch.nn.Module):
-        drafter = ModelDrafter(drafter)
+        drafter = ModelDrafter(drafter, cache, compile, max_length)
     if not isinstance(drafter, Drafter):
         raise ValueError(f"drafter must be a Drafter (e.g. ModelDrafter(draft_model)) or a model "
                          f"(got {type(drafter).__name__})")
@@ -180,7 +201,7 @@ def _draft_probs(draft, vocab):
     return torch.nn.functional.one_hot(draft.tokens, vocab).float()
 
 
-def _chain_step(target, cache, pending, draft, drafter, sampler, generator, vocab, features):
+def _chain_step(target, cache, pending, draft, drafter, sampler, generator, vocab, features, forward):
     """Verify a chain of drafts (or none) with one target call; roll ``cache`` back and tell ``drafter``.
 
     Returns the `Step`, the target's distributions at the committed positions (accepted + 1, vocab)
@@ -189,7 +210,7 @@ def _chain_step(target, cache, pending, draft, drafter, sampler, generator, voca
     """
     drafted = draft.tokens if draft is not None else torch.empty(0, dtype=torch.long, device=target.device)
     inputs = torch.cat([torch.tensor(pending, device=target.device), drafted])[None]  # (1, n + 1)
-    logits, hidden = _target_forward(target, cache, inputs, features)
+    logits, hidden = _target_forward(target, cache, inputs, features, forward)
     target_probs = sampler.probs(logits[:, :vocab])  # (n + 1, vocab)
     if len(drafted):
         accepted, next_token, bonus = verify_chain(drafted, _draft_probs(draft, vocab), target_probs, generator,
@@ -203,16 +224,18 @@ def _chain_step(target, cache, pending, draft, drafter, sampler, generator, voca
             hidden[: accepted + 1] if features else None)
 
 
-def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab, features):
+def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab, features, forward):
     """Verify a tree draft with one target call; keep the accepted path in ``cache`` and tell ``drafter``.
 
     Returns the `Step`, the target's distributions at the committed positions (accepted + 1, vocab)
     and the draft's along ``step.drafted`` (or None), for the drafter's and the policy's hooks, and,
     when ``features`` is set, the target's features at the committed positions (accepted + 1, hidden).
     """
+    if is_static(cache):
+        raise ValueError("tree drafts need cache='dynamic': a static cache keeps a chain (a prefix) only")
     context = cache.get_seq_length()
     inputs = torch.cat([torch.tensor(pending, device=target.device), draft.tokens])[None]  # (1, n + 1): root, nodes
-    logits, hidden = _target_forward(target, cache, inputs, features,
+    logits, hidden = _target_forward(target, cache, inputs, features, forward,
                                      **tree_model_inputs(draft.parents, context, 0, target.dtype, target.device))
     target_probs = sampler.probs(logits[:, :vocab])  # (n + 1, vocab)
     path, next_token, bonus = verify_tree(draft.tokens, draft.parents, _draft_probs(draft, vocab), target_probs,
@@ -229,21 +252,28 @@ def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab
 
 @torch.inference_mode()
 def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sampler=Sampler(), seed=None,
-                         eos_token_id=None, tokenizer=None) -> Generation:
+                         eos_token_id=None, tokenizer=None, cache="dynamic", compile=False) -> Generation:
     """Speculative sampling: draft up to ``k`` tokens, verify them with one target call, repeat.
 
     ``drafter`` is a `Drafter` (or a draft model, wrapped in `ModelDrafter`); ``k`` an int or a
     `specbook.policies.DraftLength` policy that picks K step by step. The output follows
     the target's distribution under ``sampler`` exactly; greedily it equals
     `autoregressive_generate` token for token. ``input_ids`` is (1, T).
+
+    The GPU path: ``cache="static"`` pre-allocates the target's KV cache (and a draft model's,
+    when ``drafter`` is a model) and rolls back by moving a pointer; ``compile=True`` then compiles
+    the decode steps, replayed as CUDA graphs on a GPU (`specbook.compiled`). Same tokens, same
+    distribution; a `ModelDrafter` passed in keeps its own settings.
     """
-    _check_inputs(target, input_ids, max_new_tokens)
+    _check_inputs(target, input_ids, max_new_tokens, cache, compile)
     policy = as_policy(k)
-    drafter = _as_drafter(drafter, target)
+    static_length = input_ids.shape[1] + max_new_tokens if cache == "static" else None
+    drafter = _as_drafter(drafter, target, cache, compile, static_length)
     generator = _generator(seed, target.device)
     started = time.perf_counter()
     features = drafter.uses_features
-    cache, pending, prompt_features = _prefill(target, input_ids, features)
+    kv_cache, pending, prompt_features = _prefill(target, input_ids, features, static_length)
+    forward = compiled(target) if compile else target
     drafter.start(input_ids)
     if prompt_features is not None:
         drafter.observe_features(prompt_features)
@@ -255,7 +285,7 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
         draft = drafter.propose(budget, sampler, generator, policy.keep_drafting) if budget > 0 else None
         tree = draft is not None and draft.parents is not None
         step, committed_probs, step_draft_probs, committed_features = (_tree_step if tree else _chain_step)(
-            target, cache, pending, draft, drafter, sampler, generator, vocab, features)
+            target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, forward)
         drafter.observe_target(committed_probs)  # the target at the committed positions
         if features:
             drafter.observe_features(committed_features)

@@ -171,10 +171,16 @@ def verify_chain(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
     from (a deterministic drafter passes one-hot rows), target_probs (K + 1, vocab) the target's
     distributions at the K drafted positions plus the one after them. Draft i is accepted with
     probability min(1, q_i(x_i) / p_i(x_i)), stopping at the first rejection, which emits a token
-    from the residual; if all K pass, a bonus token is drawn from the last target row. All K
-    uniforms are drawn and tested at once. With one-hot p and q (greedy) the outcome is
-    deterministic: drafts are kept while they equal the target's argmax, then the argmax follows.
-    validate=False skips the input checks (for a decode loop whose inputs are known good).
+    from the residual; if all K pass, a bonus token is drawn from the last target row. With one-hot
+    p and q (greedy) the outcome is deterministic: drafts are kept while they equal the target's
+    argmax, then the argmax follows. validate=False skips the input checks (for a decode loop
+    whose inputs are known good).
+
+    The whole decision is one vectorised step on the probabilities' device: all K uniforms are
+    tested at once, and a candidate next token is drawn at every position -- from the residual at
+    positions 1..K, from q_{K+1} after them -- before the one after the accepted run is picked.
+    The candidates are independent of the uniforms, so the picked one has exactly the
+    distribution it needs, and the host waits for the device once, to read two numbers.
     """
     if validate:
         _check_chain(draft_tokens, draft_probs, target_probs)
@@ -185,12 +191,9 @@ def verify_chain(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
                                  draft_probs[positions, draft_tokens])  # (K,)
     # float32 uniforms even for half-precision probs: u < a must hold with probability a.
     uniforms = torch.rand(k, generator=generator, device=draft_probs.device)  # (K,)
-    accepted = uniforms < accept_probs  # (K,)
-    num_accepted = int(accepted.long().cumprod(0).sum())  # length of the leading run of accepts
-    if num_accepted < k:
-        next_probs = residual_distribution(target_probs[num_accepted], draft_probs[num_accepted],
-                                           validate=False)  # (vocab,)
-    else:
-        next_probs = target_probs[k]  # (vocab,)
-    next_token = int(torch.multinomial(next_probs, 1, generator=generator))
+    num_accepted = (uniforms < accept_probs).long().cumprod(0).sum()  # (): the leading run of accepts
+    next_probs = torch.cat([residual_distribution(target_probs[:k], draft_probs, validate=False),
+                            target_probs[k:]])  # (K + 1, vocab): where each position's next token comes from
+    candidates = torch.multinomial(next_probs, 1, generator=generator)[:, 0]  # (K + 1,)
+    num_accepted, next_token = torch.stack([num_accepted, candidates[num_accepted]]).tolist()
     return Verification(num_accepted, next_token, num_accepted == k)

@@ -65,7 +65,7 @@ class TopKTreeDrafter(ModelDrafter):
 
     def propose(self, k, sampler, generator, keep_drafting=None):
         tree = self.tree.truncated(k)
-        logits = self.model(torch.tensor([self.pending], device=self.device), past_key_values=self.cache,
+        logits = self.model(self.pending[None], past_key_values=self.cache,
                             use_cache=True, logits_to_keep=1).logits[0, :, : self.vocab_size]  # (1, vocab): the root
         path_logp = logits.new_zeros(1)  # (1 + nodes so far,): each row's path log-probability under the draft
         tokens, probs, self.calls, drafted = [], [], self.calls + 1, 0
@@ -89,8 +89,8 @@ class TopKTreeDrafter(ModelDrafter):
                 logits = torch.cat([logits, new])  # (1 + nodes so far, vocab), row i + 1 is node i
                 self.calls += 1
                 self.fed = drafted
-        self.pending = []
-        self.proposed = torch.cat(tokens).tolist()
+        self.pending = self.pending[:0]
+        self.proposed = torch.cat(tokens)
         return Draft(torch.cat(tokens), torch.cat(probs) if probs[0] is not None else None, tree.parents[:drafted])
 
     def update(self, num_accepted, next_token, path=None):
@@ -98,8 +98,8 @@ class TopKTreeDrafter(ModelDrafter):
         fed = [node for node in path if node < self.fed]  # accepted nodes already in the draft cache
         context = self.cache.get_seq_length() - self.fed
         keep_positions(self.cache, list(range(context)) + [context + node for node in fed])
-        self.pending += [self.proposed[node] for node in path[len(fed):]] + [next_token]
-        self.proposed, self.fed = [], 0
+        self.pending = torch.cat([self.pending, self.proposed[path[len(fed):]], self.proposed.new_tensor([next_token])])
+        self.proposed, self.fed = self.proposed[:0], 0
 
 
 class SampledTreeDrafter(TopKTreeDrafter):

@@ -1,0 +1,153 @@
+"""The GPU path: static KV caches rolled back by a pointer, compiled decode steps, one sync per step.
+
+Every test runs on the CPU (what CI has) and again on a GPU when there is one; the GPU-only
+checks (no host-device sync while drafting, half precision) skip without CUDA.
+"""
+
+import pytest
+import torch
+
+import specbook.compiled
+from specbook.cache import new_cache, rollback
+from specbook.decoding import autoregressive_generate, speculative_generate
+from specbook.drafters import EagleDrafter, ModelDrafter, NGramDrafter, TopKTreeDrafter
+from specbook.heads import EagleHead
+from specbook.sampling import Sampler
+
+from support import SAMPLERS, chi_square_p_value, tiny_model
+
+PROMPT = [3, 14, 15, 9, 2, 6, 5]
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def device(request):
+    return torch.device(request.param)
+
+
+@pytest.fixture(scope="module")
+def models(device):
+    return tiny_model(seed=0).to(device), tiny_model(hidden_size=16, num_layers=1, seed=1).to(device)
+
+
+@pytest.fixture
+def eager_compile(monkeypatch):
+    """Trace and functionalise the decode steps as torch.compile does, without Inductor's minute of C++ building."""
+    monkeypatch.setattr(specbook.compiled, "OPTIONS", specbook.compiled.OPTIONS | {"backend": "aot_eager"})
+    monkeypatch.setattr(specbook.compiled, "_COMPILED", {})
+
+
+def prompt_on(device):
+    return torch.tensor([PROMPT], device=device)
+
+
+def test_static_rollback_moves_the_pointer_and_later_tokens_overwrite(models, device):
+    target, _ = models
+    ids = torch.tensor([[3, 14, 15, 9, 2, 6, 5, 7, 8]], device=device)
+    with torch.no_grad():
+        full = target(ids).logits[0]
+        cache = new_cache(target, 32)
+        target(ids[:, :5], past_key_values=cache, use_cache=True)
+        target(torch.tensor([[1, 2, 3]], device=device), past_key_values=cache, use_cache=True)  # three drafts
+        keys = cache.layers[0].keys
+        rollback(cache, 3)
+        assert int(cache.get_seq_length()) == 5 and cache.layers[0].keys is keys  # same buffer, pointer moved
+        rest = target(ids[:, 5:], past_key_values=cache, use_cache=True).logits[0]
+    torch.testing.assert_close(rest, full[5:], atol=1e-5, rtol=0)
+
+
+def test_static_autoregressive_equals_dynamic(models, device):
+    target, _ = models
+    reference = autoregressive_generate(target, prompt_on(device), 40, Sampler(0)).token_ids
+    assert autoregressive_generate(target, prompt_on(device), 40, Sampler(0), cache="static").token_ids == reference
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("which", ["small", "identical"])
+def test_static_greedy_speculative_equals_autoregressive(models, device, k, which):
+    target, draft = models
+    reference = autoregressive_generate(target, prompt_on(device), 40, Sampler(0)).token_ids
+    result = speculative_generate(target, {"small": draft, "identical": target}[which], prompt_on(device), 40, k=k,
+                                  sampler=Sampler(0), cache="static")
+    assert result.token_ids == reference
+    assert which == "small" or result.stats.acceptance_rate == 1.0
+
+
+def test_static_target_with_other_drafters(models, device):
+    """The static target cache under a model-free drafter and a feature-reading one (EAGLE, as a chain)."""
+    target, _ = models
+    torch.manual_seed(0)
+    eagle = EagleHead(target.config).to(device)
+    reference = autoregressive_generate(target, prompt_on(device), 30, Sampler(0)).token_ids
+    for drafter in (NGramDrafter(), EagleDrafter(target, eagle)):
+        result = speculative_generate(target, drafter, prompt_on(device), 30, k=3, sampler=Sampler(0), cache="static")
+        assert result.token_ids == reference, type(drafter).__name__
+
+
+def test_compiled_greedy_equals_autoregressive(models, device, eager_compile):
+    target, draft = models
+    reference = autoregressive_generate(target, prompt_on(device), 30, Sampler(0)).token_ids
+    options = dict(sampler=Sampler(0), cache="static", compile=True)
+    assert autoregressive_generate(target, prompt_on(device), 30, **options).token_ids == reference
+    for k in (2, 4):  # each input length is compiled once; the second generation replays them
+        assert speculative_generate(target, draft, prompt_on(device), 30, k=k, **options).token_ids == reference
+    assert speculative_generate(target, draft, prompt_on(device), 30, k=4, **options).token_ids == reference
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=["plain", "warped"])
+def test_static_sampled_output_follows_the_target(tiny_pair, sampler, device):
+    pair = [model.to(device) for model in tiny_pair]
+    assert chi_square_p_value(*pair, sampler, cache="static") > 1e-3
+
+
+def test_compiled_sampled_output_follows_the_target(tiny_pair, device, eager_compile):
+    pair = [model.to(device) for model in tiny_pair]
+    assert chi_square_p_value(*pair, SAMPLERS[0], samples=600, cache="static", compile=True) > 1e-3
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(cache="paged"), "cache must be one of"),
+    (dict(compile=True), "compile=True needs cache='static'"),
+])
+def test_bad_options(models, device, kwargs, match):
+    target, draft = models
+    with pytest.raises(ValueError, match=match):
+        speculative_generate(target, draft, prompt_on(device), 10, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        autoregressive_generate(target, prompt_on(device), 10, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        ModelDrafter(draft, **kwargs)
+
+
+def test_trees_need_a_dynamic_cache(models, device):
+    target, draft = models
+    with pytest.raises(ValueError, match="tree drafts need cache='dynamic'"):
+        speculative_generate(target, TopKTreeDrafter(draft), prompt_on(device), 10, k=3, cache="static")
+
+
+@CUDA
+def test_drafting_never_waits_for_the_gpu():
+    """K draft steps with a static cache are queued without one host-device synchronisation."""
+    drafter = ModelDrafter(tiny_model(hidden_size=16, num_layers=1, seed=1).cuda(), cache="static")
+    drafter.start(prompt_on("cuda"))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        draft_out = drafter.propose(5, Sampler(1.0), torch.Generator("cuda").manual_seed(0))
+        drafter.update(2, 7)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(draft_out) == 5
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_greedy_agrees_with_autoregressive(dtype):
+    """In half precision a (K + 1)-token verification may round differently from one-token steps: allow a
+    near-tie to flip late in the sequence, but the first tokens must agree."""
+    target = tiny_model(seed=0).to("cuda", dtype)
+    draft = tiny_model(hidden_size=16, num_layers=1, seed=1).to("cuda", dtype)
+    reference = autoregressive_generate(target, prompt_on("cuda"), 30, Sampler(0), cache="static").token_ids
+    result = speculative_generate(target, draft, prompt_on("cuda"), 30, k=4, sampler=Sampler(0), cache="static")
+    assert result.token_ids[:10] == reference[:10]
