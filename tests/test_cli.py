@@ -55,6 +55,18 @@ def test_bench_writes_a_csv(tmp_path, capsys, suite, rows):
     assert {"method", "speedup", "tokens_per_call", "acceptance_rate", "machine", "prompts"} <= set(table.columns)
 
 
+def test_the_gpu_suite_writes_a_results_file(tmp_path, capsys):
+    """On a CPU its ratios mean nothing; the command's wiring and the file are checked."""
+    import json
+
+    out = tmp_path / "gpu.json"
+    main(["bench", "--suite", "gpu", "--ks", "2", "--max-new-tokens", "6", "--repeats", "1", "--no-compile",
+          "--json", str(out)])
+    results = json.loads(out.read_text())
+    assert set(results["best"]) == {"greedy", "temperature 1"} and results["models"]["pair"] == "shakespeare"
+    assert "best k=2" in capsys.readouterr().out
+
+
 def test_the_heads_suite_refuses_another_pair(capsys):
     """The heads were trained on the built-in target: refused before anything is loaded (no download)."""
     with pytest.raises(SystemExit):
@@ -66,7 +78,7 @@ def test_chat_switches_settings_and_generates(capsys):
     lines = iter(["/help", "/k 2", "/method ar", "/length 5", "/top_p off", "/k zero", "ROMEO:\\n", "/quit"])
 
     class Args:
-        pair = target = draft = device = None
+        pair = target = draft = device = dtype = None
         temperature, top_k, top_p, max_new_tokens, seed = 0.0, None, None, 8, 0
 
     chat(Args(), input_fn=lambda prompt: next(lines))

@@ -151,3 +151,28 @@ def test_half_precision_greedy_agrees_with_autoregressive(dtype):
     reference = autoregressive_generate(target, prompt_on("cuda"), 30, Sampler(0), cache="static").token_ids
     result = speculative_generate(target, draft, prompt_on("cuda"), 30, k=4, sampler=Sampler(0), cache="static")
     assert result.token_ids[:10] == reference[:10]
+
+
+def test_gpu_benchmark_writes_a_complete_results_file(models, device, tmp_path):
+    """The benchmark's results file, on tiny models (on a CPU its numbers mean nothing; its shape is checked)."""
+    from types import SimpleNamespace
+
+    from specbook.bench import gpu_benchmark, read_results, write_results
+
+    target, draft = models
+    pair = SimpleNamespace(name="tiny", target=target, draft=draft)
+    results = gpu_benchmark(pair, [prompt_on(device)], ks=(1, 3), max_new_tokens=12, repeats=1, compile=False,
+                            progress=False)
+    for key in ("device", "driver", "torch", "transformers", "date", "models", "settings", "best", "results"):
+        assert key in results
+    assert set(results["best"]) == {"greedy", "temperature 1"}
+    assert {"alpha", "c", "target", "draft"} <= set(results["models"])
+    greedy = [row for row in results["results"] if row["sampling"] == "greedy"]
+    assert [row["method"] for row in greedy] == ["autoregressive", "autoregressive, eager", "speculative k=1",
+                                                 "speculative k=3", "HF assisted (its schedule)", "HF assisted k=1",
+                                                 "HF assisted k=3"]
+    assert all(row["same_tokens_as_ar"] for row in greedy)  # lossless, and Hugging Face agrees
+    assert all(row["speedup_vs_hf"] > 0 for row in greedy if row["method"].startswith("speculative"))
+    write_results(results, tmp_path / "gpu.json")
+    assert read_results(tmp_path / "gpu.json") == results
+    assert read_results(tmp_path / "missing.json") is None

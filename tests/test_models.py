@@ -66,6 +66,16 @@ def test_unknown_pair_name():
         load_pair("marlowe")
 
 
+def test_a_pair_written_by_train_loads_from_its_directory(pair):
+    """``specbook.train --out DIR`` writes a tokenizer, target/ and draft/: load_pair(DIR) reads them back."""
+    from specbook.models import assets_dir
+
+    again = load_pair(str(assets_dir("shakespeare")))
+    assert again.tokenizer.get_vocab() == pair.tokenizer.get_vocab()
+    for ours, theirs in ((again.target, pair.target), (again.draft, pair.draft)):
+        assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()))
+
+
 def test_half_a_hub_pair():
     with pytest.raises(ValueError, match="both target= and draft="):
         load_pair(target="org/model")

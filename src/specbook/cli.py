@@ -3,6 +3,7 @@
     python -m specbook generate "ROMEO:\\n" --k 4 --trace
     python -m specbook bench --prompts grounded --ks 1,2,4,6 --out bench.csv
     python -m specbook bench --suite heads --ks 4
+    python -m specbook bench --suite gpu --device cuda --dtype bfloat16 --json results/gpu.json
     python -m specbook chat
 """
 
@@ -12,7 +13,8 @@ import sys
 
 import torch
 
-from .bench import PROMPT_SETS, ablation, comparison, heads_and_trees, machine, run_benchmark
+from .bench import (PROMPT_SETS, ablation, comparison, gpu_benchmark, heads_and_trees, machine, run_benchmark,
+                    write_results)
 from .decoding import autoregressive_generate, speculative_generate
 from .models import BUILT_IN, load_pair
 from .sampling import Sampler
@@ -31,6 +33,8 @@ def _add_model_options(parser):
     parser.add_argument("--target", help="Hugging Face model id of the target (with --draft; needs a network)")
     parser.add_argument("--draft", help="Hugging Face model id of the draft")
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cpu)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                        help="the models' precision (default: float32)")
 
 
 def _add_sampling_options(parser):
@@ -42,7 +46,8 @@ def _add_sampling_options(parser):
 
 
 def _load(args):
-    return load_pair(args.pair, target=args.target, draft=args.draft, device=args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    return load_pair(args.pair, target=args.target, draft=args.draft, device=args.device, dtype=dtype)
 
 
 def _generate(pair, prompt, method, k, sampler, max_new_tokens, seed):
@@ -88,6 +93,8 @@ def bench(args):
         raise ValueError("--suite heads needs a built-in pair (--pair shakespeare, the default): its Medusa and "
                          "EAGLE heads were trained on that target's features and fit no other model")
     pair = _load(args)
+    if args.suite == "gpu":
+        return _gpu_bench(pair, args)
     sampler = Sampler(args.temperature, args.top_k, args.top_p)
     if args.suite == "comparison":
         methods = comparison(pair, sampler, args.max_new_tokens, args.ks, args.hf)
@@ -105,6 +112,20 @@ def bench(args):
     if args.out:
         table.to_csv(args.out, index=False)
         print(f"written to {args.out}", file=sys.stderr)
+
+
+def _gpu_bench(pair, args):
+    """The GPU benchmark (`specbook.bench.gpu_benchmark`), greedy and at temperature 1, written as JSON."""
+    prompts = [pair.encode(text) for text in PROMPT_SETS["open" if args.prompts == "both" else args.prompts]]
+    results = gpu_benchmark(pair, prompts, args.ks, args.max_new_tokens, args.repeats, compile=args.compile,
+                            seed=args.seed)
+    for sampling, best in results["best"].items():
+        print(f"{sampling}: best k={best['k']}, {best['speedup_vs_ar']:.2f}x autoregressive, "
+              f"{best['speedup_vs_hf']:.2f}x HF assisted at the same k, {best['speedup_vs_fastest_hf']:.2f}x "
+              f"the fastest HF setting ({best['fastest_hf']})")
+    if args.json:
+        write_results(results, args.json)
+        print(f"written to {args.json}", file=sys.stderr)
 
 
 CHAT_HELP = """Commands:
@@ -182,10 +203,12 @@ def main(argv=None):
     _add_model_options(gen)
     _add_sampling_options(gen)
     ben = commands.add_parser("bench", help="benchmark AR, speculative (several K) and HF assisted generation")
-    ben.add_argument("--suite", choices=["comparison", "ablation", "heads"], default="comparison",
+    ben.add_argument("--suite", choices=["comparison", "ablation", "heads", "gpu"], default="comparison",
                      help="comparison: AR, speculative for each K, HF assisted (chapter 4); ablation: model "
                           "drafter, EGAG, NASD, prompt lookup (chapter 5); heads: the model drafter as a chain "
-                          "and a tree, Medusa and EAGLE (chapter 6, built-in pair only)")
+                          "and a tree, Medusa and EAGLE (chapter 6, built-in pair only); gpu: the GPU path "
+                          "(static caches, compiled steps) against AR and HF assisted, greedy and sampled, "
+                          "written with --json (chapter 4)")
     ben.add_argument("--prompts", choices=["open", "grounded", "both"], default="both")
     ben.add_argument("--ks", type=lambda text: [_positive_int(k) for k in text.split(",")], default=[1, 2, 3, 4, 6],
                      help="draft lengths (default: 1,2,3,4,6; the ablation and heads suites use the largest)")
@@ -193,6 +216,9 @@ def main(argv=None):
     ben.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
                      help="include Hugging Face assisted generation (default: yes)")
     ben.add_argument("--out", help="write the table as CSV")
+    ben.add_argument("--json", help="--suite gpu: write the results file (JSON) here")
+    ben.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                     help="--suite gpu: compile the decode steps (CUDA graphs on a GPU; default: yes)")
     _add_model_options(ben)
     _add_sampling_options(ben)
     cha = commands.add_parser("chat", help="an interactive loop; /help inside lists the commands")

@@ -45,9 +45,10 @@ def load_pair(name: str | None = None, *, target: str | None = None, draft: str 
               device=None, dtype=None) -> ModelPair:
     """Load a model pair in eval mode.
 
-    Either a built-in pair by ``name`` (``"shakespeare"``), or two Hugging Face hub models by id
-    (``target=``, ``draft=``). ``device`` defaults to the CPU and ``dtype`` to float32 there
-    (bfloat16 on a GPU).
+    Either a built-in pair by ``name`` (``"shakespeare"``), a pair that ``python -m specbook.train
+    --out DIR`` wrote (``name=DIR``: a tokenizer, ``target/`` and ``draft/``), or two Hugging Face hub
+    models by id (``target=``, ``draft=``). ``device`` defaults to the CPU and ``dtype`` to float32
+    there (bfloat16 on a GPU).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -55,11 +56,12 @@ def load_pair(name: str | None = None, *, target: str | None = None, draft: str 
     if (target is None) != (draft is None):
         raise ValueError("give both target= and draft= (Hugging Face model ids), or neither")
     if target is None:
-        name = name or "shakespeare"
-        if name not in BUILT_IN:
-            raise ValueError(f"name must be one of the built-in pairs {list(BUILT_IN)} (got {name!r}); "
-                             "for a Hugging Face pair pass target= and draft=")
-        root = assets_dir(name)
+        name = str(name or "shakespeare")
+        trained = Path(name)
+        if name not in BUILT_IN and not ((trained / "target").is_dir() and (trained / "draft").is_dir()):
+            raise ValueError(f"name must be one of the built-in pairs {list(BUILT_IN)} or a directory written by "
+                             f"specbook.train (got {name!r}); for a Hugging Face pair pass target= and draft=")
+        root = assets_dir(name) if name in BUILT_IN else trained
         tokenizer = AutoTokenizer.from_pretrained(root)
         models = [AutoModelForCausalLM.from_pretrained(root / part, dtype=dtype) for part in ("target", "draft")]
     else:

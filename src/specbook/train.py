@@ -138,6 +138,21 @@ MODEL_CONFIGS = {
 }
 
 
+def model_shape(width=None, layers=None) -> dict:
+    """Config overrides for another size: ``width`` (a multiple of 64: heads of 64 dimensions, an MLP
+    three times as wide) and ``layers``; None keeps the built-in pair's value."""
+    overrides = {}
+    if width is not None:
+        if width < 64 or width % 64:
+            raise ValueError(f"width must be a positive multiple of 64 (got {width})")
+        overrides.update(hidden_size=width, num_attention_heads=width // 64, intermediate_size=3 * width)
+    if layers is not None:
+        if layers < 1:
+            raise ValueError(f"layers must be >= 1 (got {layers})")
+        overrides["num_hidden_layers"] = layers
+    return overrides
+
+
 def new_model(kind, tokenizer, seed, **overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -300,7 +315,8 @@ def train_model(model, train_tokens, valid_tokens, config, ckpt_dir, device, tea
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
         inputs, targets = (t.to(device) for t in next(data))
-        loss = loss_fn(inputs, targets)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=str(device).startswith("cuda")):
+            loss = loss_fn(inputs, targets)  # bfloat16 matmuls on a GPU; the losses are taken in float32
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -388,6 +404,12 @@ def main(argv=None):
     parser.add_argument("--medusa-steps", type=int, default=300)
     parser.add_argument("--medusa-heads", type=int, default=4, help="how many Medusa heads (default: %(default)s)")
     parser.add_argument("--eagle-steps", type=int, default=500)
+    parser.add_argument("--target-width", type=int, default=None, help="another target size: its hidden size")
+    parser.add_argument("--target-layers", type=int, default=None, help="another target size: its depth")
+    parser.add_argument("--draft-width", type=int, default=None, help="another draft size: its hidden size")
+    parser.add_argument("--draft-layers", type=int, default=None, help="another draft size: its depth")
+    parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size,
+                        help="sequences per training step (default: %(default)s)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
@@ -397,6 +419,14 @@ def main(argv=None):
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        shapes = {"target": model_shape(args.target_width, args.target_layers),
+                  "draft": model_shape(args.draft_width, args.draft_layers)}
+    except ValueError as error:
+        parser.error(str(error))
+    if args.shallow_layers > shapes["target"].get("num_hidden_layers", MODEL_CONFIGS["target"]["num_hidden_layers"]):
+        parser.error("--shallow-layers must not exceed the target's depth")
+    sized = partial(TrainConfig, batch_size=args.batch_size)
     stages = set(args.stages.split(","))
     unknown = stages - set(STAGES)
     if unknown:
@@ -421,12 +451,13 @@ def main(argv=None):
 
     if "target" in stages:
         # Two phases: a shallow target from scratch, then grown to the full depth and trained on.
-        shallow_config = TrainConfig(steps=args.shallow_steps, seed=args.seed)
-        shallow = new_model("target", tokenizer, args.seed, num_hidden_layers=args.shallow_layers)
+        shallow_config = sized(steps=args.shallow_steps, seed=args.seed)
+        shallow = new_model("target", tokenizer, args.seed, **{**shapes["target"],
+                                                               "num_hidden_layers": args.shallow_layers})
         shallow_state = train_model(shallow, train_tokens, valid_tokens, shallow_config, work / "ckpt-target-shallow",
                                     args.device, desc=f"target, {args.shallow_layers} layers")
-        config = TrainConfig(steps=args.target_steps, lr=1e-3, warmup=50, seed=args.seed + 2, copy_rate=0.25)
-        model = grow(shallow.cpu(), new_model("target", tokenizer, args.seed))
+        config = sized(steps=args.target_steps, lr=1e-3, warmup=50, seed=args.seed + 2, copy_rate=0.25)
+        model = grow(shallow.cpu(), new_model("target", tokenizer, args.seed, **shapes["target"]))
         state = train_model(model, train_tokens, valid_tokens, config, work / "ckpt-target", args.device, desc="target")
         shallow_meta = {"layers": args.shallow_layers, "config": asdict(shallow_config), **shallow_state}
         total = {"step": shallow_state["step"] + state["step"], "seconds": shallow_state["seconds"] + state["seconds"]}
@@ -436,9 +467,9 @@ def main(argv=None):
         target = load_trained(out / "target", args.device)
         for param in target.parameters():
             param.requires_grad_(False)
-        config = TrainConfig(steps=args.draft_steps, lr=3e-3, seed=args.seed + 1)
+        config = sized(steps=args.draft_steps, lr=3e-3, seed=args.seed + 1)
         for name, teacher in (("draft", target), ("draft-undistilled", None)):
-            model = new_model("draft", tokenizer, args.seed + 1)
+            model = new_model("draft", tokenizer, args.seed + 1, **shapes["draft"])
             state = train_model(model, train_tokens, valid_tokens, config, work / f"ckpt-{name}", args.device,
                                 teacher=teacher, desc=name)
             state["final"] = evaluate(model, valid_tokens, config, args.device, teacher=target)
