@@ -400,7 +400,7 @@ def main(argv=None):
     parser.add_argument("--shallow-layers", type=int, default=8, help="the target's depth in its first phase")
     parser.add_argument("--shallow-steps", type=int, default=700, help="training steps of the first phase")
     parser.add_argument("--target-steps", type=int, default=500, help="training steps after growing to full depth")
-    parser.add_argument("--draft-steps", type=int, default=400)
+    parser.add_argument("--draft-steps", type=int, default=1200)
     parser.add_argument("--medusa-steps", type=int, default=300)
     parser.add_argument("--medusa-heads", type=int, default=4, help="how many Medusa heads (default: %(default)s)")
     parser.add_argument("--eagle-steps", type=int, default=500)
