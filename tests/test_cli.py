@@ -44,7 +44,7 @@ HEADS_TRAINED = all((assets_dir() / kind / "config.json").exists() for kind in (
 
 
 @pytest.mark.parametrize("suite, rows", [
-    ("comparison", 5), ("ablation", 6),
+    ("comparison", 5), ("ablation", 7),
     pytest.param("heads", 9, marks=pytest.mark.skipif(not HEADS_TRAINED, reason="the built-in heads are not trained"))])
 def test_bench_writes_a_csv(tmp_path, capsys, suite, rows):
     out = tmp_path / "bench.csv"

@@ -125,8 +125,8 @@ def _bounded(greedy):
     """(policy, bounds, sampler) cases. Under greedy sampling the confidence policies still move -- they
     read the draft's own distribution, not the one-hot p -- while a tiny random pair rarely agrees
     greedily, so the accept-driven HeuristicK is tested sampled only."""
-    cases = [(ConfidenceStop(threshold=0.5, k_max=6), (6, 6)), (EntropyGuidedK(), (1, 8)),
-             (EntropyGuidedK(gamma_min=2, gamma_max=6, ema=0.0), (2, 6))]
+    cases = [(ConfidenceStop(threshold=0.5, k_max=6), (6, 6)), (EntropyGuidedK(gamma_min=1, entropy_ref=2.0), (1, 8)),
+             (EntropyGuidedK(gamma_min=2, gamma_max=6, ema=0.0, entropy_ref=2.0), (2, 6))]
     if greedy:
         return [(policy, bounds, Sampler(0)) for policy, bounds in cases]
     return [(policy, bounds, Sampler(1.0)) for policy, bounds in [(HeuristicK(k_start=3, k_min=2, k_max=5), (2, 5))]

@@ -121,14 +121,19 @@ def comparison(pair, sampler, max_new_tokens, ks=(1, 2, 3, 4, 6), hf=True):
     return methods
 
 
-def ablation(pair, sampler, max_new_tokens, k=4):
-    """Chapter 5's table: the model drafter with fixed K and with EGAG, NASD with and without EGAG, prompt lookup."""
+def ablation(pair, sampler, max_new_tokens, k=4, sweep=()):
+    """Chapter 5's table: the model drafter with fixed K and with EGAG, NASD with and without EGAG, prompt lookup.
+
+    The lookup drafters draft up to ``k``; the model drafter's fixed K is ``k`` and every K in ``sweep``,
+    so that EGAG meets the best fixed K rather than one chosen in advance.
+    """
     from .drafters import NGramDrafter, PromptLookupDrafter
     from .policies import EntropyGuidedK
 
     return [
         autoregressive(pair.target, sampler, max_new_tokens),
-        speculative(pair.target, pair.draft, k, sampler, max_new_tokens, name=f"draft model, k={k}"),
+        *[speculative(pair.target, pair.draft, fixed, sampler, max_new_tokens, name=f"draft model, k={fixed}")
+          for fixed in sorted({k, *sweep})],
         speculative(pair.target, pair.draft, EntropyGuidedK(), sampler, max_new_tokens, name="draft model, EGAG"),
         speculative(pair.target, NGramDrafter(), k, sampler, max_new_tokens, name=f"NASD, k={k}"),
         speculative(pair.target, NGramDrafter(), EntropyGuidedK(), sampler, max_new_tokens, name="NASD, EGAG"),

@@ -99,7 +99,7 @@ def bench(args):
     if args.suite == "comparison":
         methods = comparison(pair, sampler, args.max_new_tokens, args.ks, args.hf)
     elif args.suite == "ablation":
-        methods = ablation(pair, sampler, args.max_new_tokens, max(args.ks))
+        methods = ablation(pair, sampler, args.max_new_tokens, max(args.ks), sweep=args.ks)
     else:
         methods = heads_and_trees(pair, *_built_in_heads(pair), sampler, args.max_new_tokens, max(args.ks))
     frames = []
@@ -211,7 +211,8 @@ def main(argv=None):
                           "written with --json (chapter 4)")
     ben.add_argument("--prompts", choices=["open", "grounded", "both"], default="both")
     ben.add_argument("--ks", type=lambda text: [_positive_int(k) for k in text.split(",")], default=[1, 2, 3, 4, 6],
-                     help="draft lengths (default: 1,2,3,4,6; the ablation and heads suites use the largest)")
+                     help="draft lengths (default: 1,2,3,4,6; the ablation sweeps the model drafter over them "
+                          "and gives the lookup drafters the largest; the heads suite uses the largest)")
     ben.add_argument("--repeats", type=_positive_int, default=3)
     ben.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
                      help="include Hugging Face assisted generation (default: yes)")
