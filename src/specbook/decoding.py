@@ -35,7 +35,7 @@ from .cache import check_cache_kind, is_static, keep_positions, new_cache, rollb
 from .compiled import compiled
 from .drafters import Drafter, ModelDrafter
 from .heads import target_features
-from .policies import as_policy
+from .policies import DraftLength, as_policy
 from .rejection import verify_chain
 from .sampling import Sampler
 from .trees import tree_model_inputs, verify_tree
@@ -278,11 +278,13 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     if prompt_features is not None:
         drafter.observe_features(prompt_features)
     policy.start()
+    # Only a policy that reads the draft's confidence is asked after every drafted token (a softmax each).
+    keep_drafting = policy.keep_drafting if type(policy).keep_drafting is not DraftLength.keep_drafting else None
     vocab = min(_vocab_size(target), getattr(drafter, "vocab_size", _vocab_size(target)))
     token_ids, steps = [], []
     while len(token_ids) < max_new_tokens and (not token_ids or token_ids[-1] != eos_token_id):
         budget = min(policy.next_k(), max_new_tokens - len(token_ids) - 1)  # a step emits up to budget + 1 tokens
-        draft = drafter.propose(budget, sampler, generator, policy.keep_drafting) if budget > 0 else None
+        draft = drafter.propose(budget, sampler, generator, keep_drafting) if budget > 0 else None
         tree = draft is not None and draft.parents is not None
         step, committed_probs, step_draft_probs, committed_features = (_tree_step if tree else _chain_step)(
             target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, forward)
