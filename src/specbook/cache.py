@@ -23,9 +23,12 @@ from transformers.cache_utils import DynamicLayer
 CACHES = ("dynamic", "static")
 
 
-def check_cache_kind(cache: str) -> None:
+def check_cache_options(cache: str, compile: bool = False) -> None:
+    """The engine's ``cache`` and ``compile`` options: a known kind, and compiled steps only over a static cache."""
     if cache not in CACHES:
         raise ValueError(f"cache must be one of {CACHES} (got {cache!r})")
+    if compile and cache != "static":
+        raise ValueError("compile=True needs cache='static': a compiled step replays fixed shapes")
 
 
 def new_cache(model, max_length: int | None = None):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .cache import check_cache_kind, is_static, keep_positions, new_cache, rollback
+from .cache import check_cache_options, is_static, keep_positions, new_cache, rollback
 from .compiled import compiled
 from .drafters import Drafter, ModelDrafter
 from .heads import target_features
@@ -90,9 +90,7 @@ def _check_inputs(model, input_ids, max_new_tokens, cache="dynamic", compile=Fal
                          f"the model's context of {context} tokens")
     if input_ids.device != model.device:
         raise ValueError(f"input_ids are on {input_ids.device} but the model is on {model.device}: move them with .to()")
-    check_cache_kind(cache)
-    if compile and cache != "static":
-        raise ValueError("compile=True needs cache='static': a compiled step replays fixed shapes")
+    check_cache_options(cache, compile)
 
 
 def _vocab_size(model) -> int:

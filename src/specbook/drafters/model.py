@@ -11,7 +11,7 @@ Drafts stay on the model's device: drafting K tokens never waits for the GPU (un
 
 import torch
 
-from ..cache import check_cache_kind, new_cache, rollback
+from ..cache import check_cache_options, new_cache, rollback
 from ..compiled import compiled
 from .base import Draft, Drafter
 
@@ -27,9 +27,7 @@ class ModelDrafter(Drafter):
 
     def __init__(self, model: torch.nn.Module, cache: str = "dynamic", compile: bool = False,
                  max_length: int | None = None):
-        check_cache_kind(cache)
-        if compile and cache != "static":
-            raise ValueError("compile=True needs cache='static': a compiled step replays fixed shapes")
+        check_cache_options(cache, compile)
         self.model = model
         self.static_length = (max_length or model.config.max_position_embeddings) if cache == "static" else None
         self.forward = compiled(model) if compile else model
