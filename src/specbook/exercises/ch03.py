@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from ..theory import expected_tokens_per_step, optimal_k, speedup
-from .core import Case, Check, _as_float, _as_int, _fmt
+from .core import Case, Check, _as_float, _as_int, _fmt, _same_number
 
 def _tokens_per_step_cases() -> list[Case]:
     settings = [(0.8, 4), (0.5, 1), (0.9, 8), (0.6, 3), (0.95, 20), (0.3, 2), (0.0, 3), (1.0, 5)]
@@ -22,7 +22,7 @@ def _tokens_per_step_cases() -> list[Case]:
 def _compare_tokens_per_step(got, case: Case) -> str | None:
     alpha, k = case.args
     got = _as_float(got, "a number")
-    if math.isclose(got, case.expected, rel_tol=1e-9, abs_tol=1e-12):
+    if _same_number(got, case.expected):
         return None
     expected = f"expected {case.expected:.6g} tokens per target call, got {got:.6g}"
     if math.isnan(got) or math.isinf(got):
@@ -31,7 +31,7 @@ def _compare_tokens_per_step(got, case: Case) -> str | None:
     if alpha < 1 and math.isclose(got, (1 - alpha ** k) / (1 - alpha), rel_tol=1e-9):
         return (f"{expected}: that is (1 − α^K)/(1 − α), one token short of the most a step can "
                 "emit. A step emits its accepted drafts plus one more (correction or bonus).")
-    if math.isclose(got, case.expected - 1, rel_tol=1e-9, abs_tol=1e-12):
+    if _same_number(got, case.expected - 1):
         return (f"{expected}: that counts the accepted drafts only. Every step also emits one "
                 "more token, the correction or the bonus.")
     return f"{expected}."
@@ -58,7 +58,7 @@ def _speedup_cases() -> list[Case]:
 def _compare_speedup(got, case: Case) -> str | None:
     alpha, k, cost_ratio = case.args
     got = _as_float(got, "a number")
-    if math.isclose(got, case.expected, rel_tol=1e-9, abs_tol=1e-12):
+    if _same_number(got, case.expected):
         return None
     expected = f"expected a speedup of {case.expected:.6g}, got {got:.6g}"
     tokens = expected_tokens_per_step(alpha, k)
@@ -135,13 +135,13 @@ def _estimate_alpha_cases() -> list[Case]:
 def _compare_estimate_alpha(got, case: Case) -> str | None:
     num_accepted, k = case.args
     got = _as_float(got, "a number")
-    if math.isclose(got, case.expected, rel_tol=1e-9, abs_tol=1e-12):
+    if _same_number(got, case.expected):
         return None
     expected = f"expected α̂ = {case.expected:.6g}, got {got:.6g}"
-    if math.isclose(got, num_accepted.mean() / k, rel_tol=1e-9, abs_tol=1e-12):
+    if _same_number(got, num_accepted.mean() / k):
         return (f"{expected}: that is accepted / (K × steps), as if every step tested all K "
                 "drafts. A step stops at its first rejection: drafts after it were never tested.")
-    if math.isclose(got, num_accepted.sum() / (num_accepted + 1).sum(), rel_tol=1e-9, abs_tol=1e-12):
+    if _same_number(got, num_accepted.sum() / (num_accepted + 1).sum()):
         return (f"{expected}: that counts N + 1 tested drafts in every step, but a step that "
                 "accepts all K drafts tested only K (its extra token is the bonus, not a test).")
     return f"{expected}. α̂ = drafts accepted / drafts tested."
@@ -165,10 +165,10 @@ def _tokens_by_index_cases() -> list[Case]:
 def _compare_tokens_by_index(got, case: Case) -> str | None:
     (alphas,) = case.args
     got = _as_float(got, "a number")
-    if math.isclose(got, case.expected, rel_tol=1e-9, abs_tol=1e-12):
+    if _same_number(got, case.expected):
         return None
     expected = f"expected {case.expected:.6g} tokens per target call, got {got:.6g}"
-    if math.isclose(got, case.expected - 1, rel_tol=1e-9, abs_tol=1e-12):
+    if _same_number(got, case.expected - 1):
         return f"{expected}: add the token every step emits after its accepted drafts."
     if math.isclose(got, 1 + alphas.sum(), rel_tol=1e-9):
         return (f"{expected}: that is 1 + Σ α_i. Draft i is accepted only if drafts 1 … i − 1 were "

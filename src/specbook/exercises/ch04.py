@@ -21,7 +21,7 @@ from ..drafters import PromptLookupDrafter
 from ..policies import HeuristicK
 from ..sampling import Sampler
 from .ch01 import _compare_tokens
-from .core import Case, Check, _as_float, _as_int, _type_name
+from .core import Case, Check, _as_float, _as_int, _same_number, _type_name
 from .tiny import random_prompt, recorded, tiny_model
 
 # --- Roll back one KV cache ----------------------------------------------------------------------
@@ -282,7 +282,7 @@ def _acceptance_from_steps_cases() -> list[Case]:
 def _compare_acceptance_from_steps(got, case: Case) -> str | None:
     (steps,) = case.args
     got = _as_float(got, "a number")
-    if math.isclose(got, case.expected, rel_tol=1e-9, abs_tol=1e-12):
+    if _same_number(got, case.expected):
         return None
     expected = f"expected α̂ = {case.expected:.6g}, got {got:.6g}"
     accepted = sum(step.accepted for step in steps)

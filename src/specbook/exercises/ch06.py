@@ -29,7 +29,7 @@ from ..heads import MedusaHeads, target_features
 from ..sampling import Sampler
 from ..trees import TreeSpec, tree_attention_mask, tree_positions, verify_tree_greedy
 from .core import Case, Check, _as_float, _as_int, _as_token_list, _as_vector, _close, _fmt, _probs, _random_pair, \
-    _type_name, _Wrong
+    _same_number, _type_name, _Wrong
 from .tiny import random_prompt, tiny_model
 
 # The hidden trees of the mask and position exercises: (label, parents).
@@ -510,10 +510,10 @@ def _tokens_per_call_cases() -> list[Case]:
 def _compare_tokens_per_call(got, case: Case) -> str | None:
     paths, accuracy = case.args
     got = _as_float(got, "a number")
-    if math.isclose(got, case.expected, rel_tol=1e-9, abs_tol=1e-12):
+    if _same_number(got, case.expected):
         return None
     expected = f"expected {case.expected:.6g} tokens per target call, got {got:.6g}"
-    if math.isclose(got, case.expected - 1, rel_tol=1e-9, abs_tol=1e-12):
+    if _same_number(got, case.expected - 1):
         return (f"{expected}: that counts the accepted nodes only. Every call also emits one more token, the "
                 "target's own after the accepted path (a correction, or the bonus after a leaf).")
     if math.isclose(got, 1 + sum(accuracy[len(path) - 1][path[-1]] for path in paths), rel_tol=1e-9):

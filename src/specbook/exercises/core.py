@@ -9,6 +9,7 @@ exception from the learner's code, a None, or an answer of the wrong type become
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
@@ -190,6 +191,11 @@ def _as_vector(got, shape: tuple, what: str) -> np.ndarray:
 def _close(a, b, atol: float = ATOL) -> bool:
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     return a.shape == b.shape and bool(np.allclose(a, b, rtol=0, atol=atol))
+
+
+def _same_number(a: float, b: float) -> bool:
+    """Two scalar answers agree: equal up to float rounding (relative 1e-9, or 1e-12 near zero)."""
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
 def _probs(values) -> torch.Tensor:
