@@ -1,7 +1,7 @@
 """Benchmarks: autoregressive, speculative and Hugging Face assisted generation on the same prompts.
 
-Every method runs on every prompt ``repeats`` times; a method's time on a prompt is the median of
-its repeats, and its speed is the total of those medians. Speedups are ratios of times measured in
+Every method runs on every prompt ``repeats`` times, in interleaved rounds; a method's time on a
+prompt is the median of its rounds, and its speed is the total of those medians. Speedups are ratios of times measured in
 the same run, against autoregressive decoding of the same target (and against Hugging Face's
 ``generate(assistant_model=...)``), never against numbers from another run.
 """
@@ -185,33 +185,39 @@ def heads_and_trees(pair, medusa, eagle, sampler, max_new_tokens, k=4, stop_thre
 def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True):
     """Time every method on every prompt (``prompts``: list of (1, T) tensors); return a list of row dicts.
 
-    The first method is the baseline (autoregressive): ``speedup`` is its time over each method's.
-    ``same_tokens`` says whether a method produced exactly the baseline's tokens on every prompt
-    (expected in greedy mode); ``draft_calls_per_token`` counts the drafter's forward passes (model
-    or head calls) per token, from the last repeat on each prompt. Each method runs once untimed
-    first, to pay for lazy initialisation.
+    The runs are interleaved: each of ``repeats`` rounds runs every method on every prompt in turn,
+    so a machine that speeds up or slows down during the benchmark (another process, the CPU's
+    clock) touches every method alike instead of the ones that happened to run then. A method's time
+    on a prompt is the median of its rounds, its time the total over prompts. The first method is
+    the baseline (autoregressive): ``speedup`` is its time over each method's. ``same_tokens`` says
+    whether a method produced exactly the baseline's tokens on every prompt (expected in greedy
+    mode); ``draft_calls_per_token`` counts the drafter's forward passes (model or head calls) per
+    token, from the last round. Each method runs once untimed first, to pay for lazy initialisation.
     """
-    rows, outputs = [], []
-    for method in tqdm(methods, desc="benchmark", disable=not progress):
+    for method in methods:
         method.run(prompts[0], seed)
-        seconds, tokens, method_outputs, stats = 0.0, 0, [], []
-        for input_ids in prompts:
-            times = []
-            for _ in range(repeats):
+    times = [[[] for _ in prompts] for _ in methods]  # [method][prompt] -> seconds of each round
+    outputs = [[None] * len(prompts) for _ in methods]
+    stats = [[None] * len(prompts) for _ in methods]
+    rounds = tqdm(total=repeats * len(prompts) * len(methods), desc="benchmark", disable=not progress)
+    for _ in range(repeats):
+        for p, input_ids in enumerate(prompts):
+            for m, method in enumerate(methods):
                 started = _clock()
-                token_ids, generation_stats = method.run(input_ids, seed)
-                times.append(_clock() - started)
-            seconds += statistics.median(times)
-            tokens += len(token_ids)
-            method_outputs.append(token_ids)
-            if generation_stats is not None:
-                stats.append(generation_stats)
-        outputs.append(method_outputs)
+                outputs[m][p], stats[m][p] = method.run(input_ids, seed)
+                times[m][p].append(_clock() - started)
+                rounds.update()
+    rounds.close()
+    rows = []
+    for method, method_times, method_outputs, method_stats in zip(methods, times, outputs, stats):
+        seconds = sum(statistics.median(prompt_times) for prompt_times in method_times)
+        tokens = sum(len(token_ids) for token_ids in method_outputs)
+        measured = [s for s in method_stats if s is not None]
         rows.append({"method": method.name, "k": method.k, "seconds": seconds, "tokens": tokens,
                      "ms_per_token": 1000 * seconds / tokens,
-                     "acceptance_rate": _mean([s.acceptance_rate for s in stats]),
-                     "tokens_per_call": _mean([s.tokens_per_step for s in stats]),
-                     "draft_calls_per_token": sum(s.draft_calls for s in stats) / tokens if stats else float("nan")})
+                     "acceptance_rate": _mean([s.acceptance_rate for s in measured]),
+                     "tokens_per_call": _mean([s.tokens_per_step for s in measured]),
+                     "draft_calls_per_token": sum(s.draft_calls for s in measured) / tokens if measured else float("nan")})
     for row, method_outputs in zip(rows, outputs):
         row["speedup"] = rows[0]["seconds"] / row["seconds"]
         row["same_tokens"] = method_outputs == outputs[0]
