@@ -10,7 +10,7 @@ from specbook.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
 from specbook.policies import ConfidenceStop, EntropyGuidedK, FixedK, HeuristicK
 from specbook.sampling import Sampler
 
-from support import tiny_model
+from support import SAMPLERS, chi_square_p_value, tiny_model
 
 PROMPT = torch.tensor([[3, 14, 15, 9, 2, 6, 5]])
 
@@ -59,6 +59,15 @@ def test_greedy_speculative_equals_autoregressive(target, draft, name, drafter):
     assert result.token_ids == reference
 
 
+@pytest.mark.parametrize("make", [lambda: HeuristicK(k_start=2, k_min=1, k_max=3), lambda: ConfidenceStop(0.8, 3),
+                                  lambda: EntropyGuidedK(gamma_min=1, gamma_max=3, entropy_ref=0.8)],
+                         ids=["heuristic", "confidence", "entropy"])
+def test_sampled_output_follows_the_target(tiny_pair, make):
+    """A policy that reads the draft's confidence only decides how much to draft: the output still follows q."""
+    target, draft = tiny_pair
+    assert chi_square_p_value(target, ModelDrafter(draft), SAMPLERS[0], k=make()) > 1e-3
+
+
 # --- the rules
 
 def test_heuristic_grows_by_two_on_full_acceptance_and_shrinks_by_one_otherwise():
@@ -81,29 +90,38 @@ def test_confidence_stop_stops_under_the_threshold():
 
 
 def test_entropy_guided_k_maps_the_moving_average_of_the_entropy():
+    """A drafter that reports its p only with the step: the step's tokens are folded in, in order."""
     policy = EntropyGuidedK(gamma_min=1, gamma_max=8, ema=0.5, entropy_ref=2.0)
     assert policy.next_k() == 8  # no entropy seen yet: start long
     policy.update(2, 1, torch.stack([_flat(2), _flat(2)]))  # H = log 2
     assert policy.entropy == pytest.approx(math.log(2))
     assert policy.next_k() == round(8 - 7 * math.log(2) / 2)  # 6
-    policy.update(1, 1, _flat(4)[None])  # H = (log 2 + log 4) / 2
-    assert policy.entropy == pytest.approx(1.5 * math.log(2))
-    assert policy.next_k() == round(8 - 7 * 1.5 * math.log(2) / 2)  # 4
+    policy.update(2, 1, torch.stack([_flat(2), _flat(8)]))  # H = (log 2 + log 8) / 2, then the first token's log 2
+    assert policy.entropy == pytest.approx((math.log(2) + 3 * math.log(2)) / 2)
+    assert policy.next_k() == round(8 - 7 * 2 * math.log(2) / 2)  # 3
     policy.update(3, 0, torch.stack([_flat(16)] * 3))  # a flat draft pulls H up to ~entropy_ref: the shortest drafts
     assert policy.next_k() == 1
     policy.start()
     assert policy.next_k() == 8 and policy.entropy is None
 
 
-def test_entropy_guided_k_prefers_the_entropies_seen_while_drafting():
-    """keep_drafting sees the draft's unwarped distributions; the one-hot p of greedy sampling carries no signal."""
-    policy = EntropyGuidedK(gamma_min=1, gamma_max=8, ema=0.5, entropy_ref=2.0)
-    assert policy.keep_drafting(_flat(4)) and policy.keep_drafting(_flat(4))
-    policy.update(2, 0, torch.stack([_flat(1)] * 2))  # the one-hot p verification used
-    assert policy.entropy == pytest.approx(math.log(4))
-    assert policy.next_k() == round(8 - 7 * math.log(4) / 2)  # 3
-    policy.update(2, 2, torch.stack([_flat(2)] * 2))  # a tree drafter: no keep_drafting, its p is the signal
-    assert policy.entropy == pytest.approx(1.5 * math.log(2))
+def test_entropy_guided_k_cuts_the_draft_token_by_token():
+    """keep_drafting sees the draft's unwarped distributions: drafting goes on while the draft is shorter
+    than K(H) after each token, so an uncertain token ends it at once (never under gamma_min) and a
+    confident run reaches gamma_max."""
+    policy = EntropyGuidedK(gamma_min=2, gamma_max=8, ema=0.5, entropy_ref=1.0)
+    assert policy.next_k() == 8
+    assert policy.keep_drafting(_flat(1))  # H = 0: K(H) = 8 > 1 drafted
+    assert not policy.keep_drafting(_flat(16))  # H = log(16) / 2 > entropy_ref: K(H) = gamma_min = 2 drafted
+    assert policy.entropy == pytest.approx(math.log(16) / 2)
+    policy.update(2, 0, torch.stack([_flat(1)] * 2))  # the one-hot p verification used carries no signal
+    assert policy.entropy == pytest.approx(math.log(16) / 2)
+    assert policy.next_k() == 8  # the cap; keep_drafting cuts the draft
+    assert [policy.keep_drafting(_flat(1)) for _ in range(8)] == [True] * 7 + [False]  # H halves: K(H) 4, 6, 7, 7, 8
+    policy.update(8, 8, None)
+    assert policy.next_k() == 8
+    assert policy.keep_drafting(_flat(16))  # K(H) = 2, but one token is under gamma_min
+    assert not policy.keep_drafting(_flat(16))
 
 
 def test_entropy_guided_k_falls_back_to_the_heuristic_without_probabilities():
@@ -125,7 +143,7 @@ def _bounded(greedy):
     """(policy, bounds, sampler) cases. Under greedy sampling the confidence policies still move -- they
     read the draft's own distribution, not the one-hot p -- while a tiny random pair rarely agrees
     greedily, so the accept-driven HeuristicK is tested sampled only."""
-    cases = [(ConfidenceStop(threshold=0.5, k_max=6), (6, 6)), (EntropyGuidedK(gamma_min=1, entropy_ref=2.0), (1, 8)),
+    cases = [(ConfidenceStop(threshold=0.5, k_max=6), (1, 6)), (EntropyGuidedK(gamma_min=1, entropy_ref=2.0), (1, 10)),
              (EntropyGuidedK(gamma_min=2, gamma_max=6, ema=0.0, entropy_ref=2.0), (2, 6))]
     if greedy:
         return [(policy, bounds, Sampler(0)) for policy, bounds in cases]
@@ -135,14 +153,23 @@ def _bounded(greedy):
 
 @pytest.mark.parametrize("policy, bounds, sampler", _bounded(greedy=False) + _bounded(greedy=True), ids=repr)
 def test_adaptive_policies_stay_within_their_bounds(target, sharp_draft, policy, bounds, sampler):
+    """With a model drafter HeuristicK moves K; ConfidenceStop and EntropyGuidedK cut each draft while drafting."""
     ks = _record_k(policy)
-    result = speculative_generate(target, ModelDrafter(sharp_draft), PROMPT, 60, k=policy, sampler=sampler, seed=0)
-    assert bounds[0] <= min(ks) and max(ks) <= bounds[1]
-    assert all(len(step.drafted) <= k for step, k in zip(result.steps, ks))
-    if isinstance(policy, ConfidenceStop):  # K is fixed; the draft length is what adapts
-        assert len({len(step.drafted) for step in result.steps}) >= 3
-    else:
+    max_new_tokens = 60
+    result = speculative_generate(target, ModelDrafter(sharp_draft), PROMPT, max_new_tokens, k=policy,
+                                  sampler=sampler, seed=0)
+    written = [0]
+    for step in result.steps:
+        written.append(written[-1] + step.accepted + 1)
+    budgets = [min(k, max_new_tokens - w - 1) for k, w in zip(ks, written)]
+    lengths = [len(step.drafted) for step in result.steps]
+    assert all(length <= budget for length, budget in zip(lengths, budgets))
+    assert all(bounds[0] <= length <= bounds[1] for length, budget in zip(lengths, budgets) if budget >= bounds[0])
+    if isinstance(policy, HeuristicK) and not isinstance(policy, EntropyGuidedK):
+        assert bounds[0] <= min(ks) and max(ks) <= bounds[1]
         assert len(set(ks)) >= 3  # K really moved: the test is not vacuous
+    else:  # K is the cap; the draft length is what adapts
+        assert len(set(lengths)) >= 3
 
 
 @pytest.mark.parametrize("policy", [HeuristicK(k_start=2, k_min=1, k_max=7), EntropyGuidedK(gamma_min=2, gamma_max=7)],

@@ -8,7 +8,7 @@ Chapter 3 shows why K matters: the expected tokens per target call (1 - alpha^(K
 saturates while the drafting cost grows with K, so the best K is small when alpha is low and
 large when it is high. The policies here estimate "is alpha high right now?" from what a step
 reveals: whether everything was accepted (`HeuristicK`), how sure the draft is of each token
-(`ConfidenceStop`), or the draft's entropy over recent steps (`EntropyGuidedK`).
+(`ConfidenceStop`), or the draft's entropy over recent tokens (`EntropyGuidedK`).
 """
 
 import torch
@@ -121,31 +121,33 @@ class ConfidenceStop(DraftLength):
 class EntropyGuidedK(HeuristicK):
     """Entropy-guided K (EGAG): long drafts while the draft is confident, short ones while it is not.
 
-    After each step the policy folds the mean entropy of the step's draft distributions,
-    H_step = mean_i -sum_x p_i(x) log p_i(x) (in nats), into an exponential moving average,
-    H <- ema * H + (1 - ema) * H_step (the first step sets H), and maps it linearly to
+    The policy keeps an exponential moving average of the draft's entropy, token by token: for each
+    drafted token i with draft distribution p_i, H_i = -sum_x p_i(x) log p_i(x) (in nats) and
+    H <- ema * H + (1 - ema) * H_i (the first token sets H). The average sets the draft length
 
-        K = round(gamma_max - (gamma_max - gamma_min) * min(H / entropy_ref, 1)),
+        K(H) = round(gamma_max - (gamma_max - gamma_min) * min(H / entropy_ref, 1)),
 
-    so K = gamma_max for a certain draft (H = 0) and gamma_min once H reaches ``entropy_ref``. The
-    first step drafts gamma_max. (The same idea, the draft's entropy as a predictor of acceptance,
-    drives AdaEDL's early stopping, Agrawal et al. 2024.) The defaults fit a small distilled draft:
-    the built-in one averages 3.6 nats yet still has about 0.7 of its most uncertain tokens accepted
-    (below 3 nats nearly all), so a reference of 6 nats and a floor of 3 tokens keep its drafts long
-    where shorter ones would waste target calls; with a reference of 2 nats and a floor of 1 its
-    drafts were too short to pay.
+    so K = gamma_max for a certain draft (H = 0) and gamma_min once H reaches ``entropy_ref``.
 
-    The entropies are those of the draft model's own distributions (before the sampler's warp),
-    which a model drafter shows ``keep_drafting`` token by token (a draft model's tree: depth by
-    depth) -- under greedy sampling the p that verification uses is one-hot, entropy 0, whatever
-    the draft believes. A drafter that reports its p but never asks ``keep_drafting`` gives the
-    step's p instead. A
-    deterministic drafter (n-grams) shows no confidence at all, and the policy then falls back to
-    HeuristicK's accept-driven schedule (grow by 2 on a fully accepted step, shrink by 1
-    otherwise) between gamma_min and gamma_max.
+    A model drafter shows the policy each token's distribution as it drafts (``keep_drafting``;
+    a draft model's tree: depth by depth), and drafting goes on while the draft is shorter than
+    K(H) as it stands after that token: through a confident stretch the draft runs to gamma_max,
+    and an uncertain token cuts it short at once, no shorter than gamma_min. (The draft's entropy
+    as a predictor of acceptance also drives AdaEDL's early stopping, Agrawal et al. 2024.) These
+    are the draft model's own distributions, before the sampler's warp -- under greedy sampling
+    the p that verification uses is one-hot, entropy 0, whatever the draft believes. A drafter
+    that reports its p with the step but never asks ``keep_drafting`` has the step's tokens folded
+    in afterwards, and the next step drafts K(H). A deterministic drafter (n-grams) shows no
+    confidence at all, and the policy then falls back to HeuristicK's accept-driven schedule (grow
+    by 2 on a fully accepted step, shrink by 1 otherwise) between gamma_min and gamma_max.
+
+    The defaults fit the small distilled draft of the built-in pair, which averages 3.6 nats per
+    token yet still has about 0.7 of its most uncertain tokens accepted: a reference of 6 nats
+    keeps its drafts long, and a floor of 2 lets an uncertain stretch cut them short. Chapter 5
+    measures the policy against every fixed K.
     """
 
-    def __init__(self, gamma_min: int = 3, gamma_max: int = 8, ema: float = 0.5, entropy_ref: float = 6.0):
+    def __init__(self, gamma_min: int = 2, gamma_max: int = 10, ema: float = 0.5, entropy_ref: float = 6.0):
         check_integer("gamma_min", gamma_min, 1)
         check_integer("gamma_max", gamma_max, 1)
         if gamma_min > gamma_max:
@@ -156,30 +158,40 @@ class EntropyGuidedK(HeuristicK):
             raise ValueError(f"entropy_ref must be a number of nats > 0 (got {entropy_ref!r})")
         super().__init__(k_start=gamma_max, k_min=gamma_min, k_max=gamma_max)
         self.ema, self.entropy_ref = ema, entropy_ref
-        self.entropy = None  # the moving average H, None before the first informative step
-        self._drafting_entropies = []  # this step's, from keep_drafting: 0-d tensors (kept on the device)
+        self.entropy = None  # the moving average H, None before the first informative token
+        self.drafted = 0  # tokens drafted so far in this step, as keep_drafting saw them
 
     def start(self) -> None:
         super().start()
-        self.entropy, self._drafting_entropies = None, []
+        self.entropy, self.drafted = None, 0
+
+    def k_of_entropy(self) -> int:
+        """K(H) for the current moving average H."""
+        return round(self.k_max - (self.k_max - self.k_min) * min(self.entropy / self.entropy_ref, 1))
+
+    def _fold(self, entropy: float) -> None:
+        self.entropy = entropy if self.entropy is None else self.ema * self.entropy + (1 - self.ema) * entropy
+
+    def next_k(self) -> int:
+        self.drafted = 0
+        return self.k
 
     def keep_drafting(self, draft_probs):
-        self._drafting_entropies.append(torch.special.entr(draft_probs).sum())
-        return True
+        self._fold(float(torch.special.entr(draft_probs).sum()))
+        self.drafted += 1
+        return self.drafted < self.k_of_entropy()
 
     def update(self, drafted, accepted, draft_probs):
-        entropies, self._drafting_entropies = self._drafting_entropies, []
-        if entropies:
-            step_entropy = float(torch.stack(entropies).mean())
-        elif drafted and draft_probs is not None:
-            step_entropy = float(torch.special.entr(draft_probs).sum(-1).mean())
-        else:
-            step_entropy = 0.0
-        if step_entropy == 0:  # no confidence signal: a deterministic drafter (one-hot p, or none)
+        if self.drafted:  # keep_drafting saw every token and cut the draft: next step's cap is gamma_max
+            self.k = self.k_max
+            return
+        entropies = torch.special.entr(draft_probs).sum(-1).tolist() if drafted and draft_probs is not None else []
+        if not any(entropies):  # no confidence signal: a deterministic drafter (one-hot p, or none)
             super().update(drafted, accepted, draft_probs)
             return
-        self.entropy = step_entropy if self.entropy is None else self.ema * self.entropy + (1 - self.ema) * step_entropy
-        self.k = round(self.k_max - (self.k_max - self.k_min) * min(self.entropy / self.entropy_ref, 1))
+        for entropy in entropies:
+            self._fold(entropy)
+        self.k = self.k_of_entropy()
 
     def __repr__(self):
         return (f"EntropyGuidedK(gamma_min={self.k_min}, gamma_max={self.k_max}, ema={self.ema}, "

@@ -20,16 +20,16 @@ How deep a tree grows is decided while it is drafted, as for a chain (Lu et al. 
 same two moves for multi-candidate drafting: a draft length that changes during generation, and
 early stopping):
 
-- ``propose(k)`` drafts the depths <= k, so a draft-length policy (`specbook.policies.HeuristicK`,
-  `EntropyGuidedK`) sets the depth step by step. Because the spec's nodes are sorted by depth,
-  the tree of depth k is a prefix of the nodes and its attention mask the top-left corner of the
-  full tree's: Lu et al.'s "sliced" mask, with nothing to precompute.
-- ``keep_drafting`` (the policy's early stop, e.g. `specbook.policies.ConfidenceStop`) is asked
-  once per depth, after that depth's candidates are picked, with the draft's own next-token
-  distribution (its softmax, before the sampler's warp) at the parent of the level's *best*
-  candidate -- the one whose path the draft finds most likely. When it says stop, the level just
-  picked is kept and nothing deeper is drafted or fed. A one-wide tree thus stops exactly where a
-  chain drafter would.
+- ``propose(k)`` drafts the depths <= k, so a draft-length policy (`specbook.policies.HeuristicK`)
+  sets the depth step by step. Because the spec's nodes are sorted by depth, the tree of depth k is
+  a prefix of the nodes and its attention mask the top-left corner of the full tree's: Lu et al.'s
+  "sliced" mask, with nothing to precompute.
+- ``keep_drafting`` (the policy's early stop, e.g. `specbook.policies.ConfidenceStop`,
+  `EntropyGuidedK`) is asked once per depth, after that depth's candidates are picked, with the
+  draft's own next-token distribution (its softmax, before the sampler's warp) at the parent of the
+  level's *best* candidate -- the one whose path the draft finds most likely. When it says stop, the
+  level just picked is kept and nothing deeper is drafted or fed. A one-wide tree thus stops exactly
+  where a chain drafter would.
 
 Both are lossless: they choose the tree's shape from the draft's own information, before the
 children they add or leave out are drawn, and verification does not care what shape it is given.
