@@ -168,7 +168,8 @@ def test_adaptive_policies_stay_within_their_bounds(target, sharp_draft, policy,
     if isinstance(policy, HeuristicK) and not isinstance(policy, EntropyGuidedK):
         assert bounds[0] <= min(ks) and max(ks) <= bounds[1]
         assert len(set(ks)) >= 3  # K really moved: the test is not vacuous
-    else:  # K is the cap; the draft length is what adapts
+    else:  # K is the cap, always k_max; the draft length is what adapts
+        assert set(ks) == {policy.k_max}
         assert len(set(lengths)) >= 3
 
 

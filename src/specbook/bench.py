@@ -1,9 +1,9 @@
 """Benchmarks: autoregressive, speculative and Hugging Face assisted generation on the same prompts.
 
 Every method runs on every prompt ``repeats`` times, in interleaved rounds; a method's time on a
-prompt is the median of its rounds, and its speed is the total of those medians. Speedups are ratios of times measured in
-the same run, against autoregressive decoding of the same target (and against Hugging Face's
-``generate(assistant_model=...)``), never against numbers from another run.
+prompt is the median of its rounds, and its speed is the total of those medians. Speedups are
+ratios of times measured in the same run, against autoregressive decoding of the same target (and
+against Hugging Face's ``generate(assistant_model=...)``), never against numbers from another run.
 """
 
 import datetime
