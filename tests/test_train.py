@@ -1,9 +1,14 @@
 """Tests for specbook.train: the pieces that decide what the shipped pair is."""
 
+import json
+import shutil
+
 import pytest
 import torch
 
-from specbook.train import grow
+from specbook.train import TrainConfig, batches, grow, lr_at
+
+from specbook.models import assets_dir
 
 from support import tiny_model
 
@@ -45,3 +50,53 @@ def test_copy_losses_tell_a_copying_model_from_one_that_does_not():
     assert second < 0.01 < first
     first, second = copy_losses(tiny_model(vocab_size=50), tokens, passages=4, length=20)
     assert second == pytest.approx(first, abs=0.2)
+
+
+def test_batches_repeat_random_sequences_and_copy_passages():
+    """repeat_rate: whole windows of one random sequence written again and again; copy_rate: a passage of
+    at least 16 tokens written again later in the window, also when the window is short."""
+    tokens = torch.arange(20_000) % 997  # text in which no token repeats within a window
+    config = TrainConfig(steps=1, batch_size=64, block_size=128, copy_rate=1.0, repeat_rate=0.5)
+    inputs, targets = next(batches(tokens, config, torch.Generator().manual_seed(0)))
+    assert inputs.shape == targets.shape == (64, 128)
+    torch.testing.assert_close(inputs[:, 1:], targets[:, :-1])
+    windows = torch.cat([inputs, targets[:, -1:]], 1)
+    periodic = [any(torch.equal(row[period:], row[:-period]) for period in range(8, 33)) for row in windows]
+    assert 16 <= sum(periodic) <= 48  # about half
+    for row, repeats in zip(windows, periodic):
+        if not repeats:
+            assert len(row) - len(row.unique()) >= 16  # the copied passage
+
+
+def test_learning_rate_warms_up_then_decays_to_final_lr():
+    decaying = TrainConfig(steps=100, lr=1.0, warmup=10)
+    constant = TrainConfig(steps=100, lr=1.0, warmup=10, final_lr=1.0)
+    assert lr_at(0, decaying) == pytest.approx(0.1) and lr_at(9, decaying) == pytest.approx(1.0)
+    assert lr_at(99, decaying) == pytest.approx(0.1, abs=1e-3)
+    assert all(lr_at(step, constant) == pytest.approx(1.0) for step in range(9, 100))
+
+
+def test_copy_stage_trains_the_target_on_and_records_its_phases(tmp_path):
+    from specbook.train import _phases, load_trained, main
+
+    out, work = tmp_path / "out", tmp_path / "work"
+    out.mkdir()
+    work.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(assets_dir() / name, out / name)
+    text = "\n\n".join(json.loads((assets_dir() / "heldout_prompts.json").read_text()))
+    for split in ("train", "valid"):
+        (work / f"{split}.txt").write_text(text)
+    tiny_model(vocab_size=2048, seed=2).save_pretrained(out / "target")
+    earlier = {"step": 3, "seconds": 60.0, "grown_from": {"layers": 1, "step": 1, "seconds": 30.0}}
+    (out / "target" / "training.json").write_text(json.dumps(earlier))
+    before = load_trained(out / "target", "cpu").model.layers[0].mlp.up_proj.weight.clone()
+    main(["--work", str(work), "--out", str(out), "--stages", "copy", "--copy-steps", "2", "--anneal-steps", "2",
+          "--device", "cpu"])
+    meta = json.loads((out / "target" / "training.json").read_text())
+    assert meta["copy"]["induction"]["step"] == meta["copy"]["anneal"]["step"] == 2
+    assert meta["copy"]["induction"]["config"]["repeat_rate"] == 0.5 and len(meta["copy"]["copy_losses"]) == 2
+    assert meta["step"] == 3 and meta["grown_from"] == earlier["grown_from"]  # the earlier phases' record stays
+    assert "then the `copy` stage: 2 steps" in _phases(meta)
+    after = load_trained(out / "target", "cpu").model.layers[0].mlp.up_proj.weight
+    assert not torch.equal(before.half().float(), after)
