@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from specbook.train import TrainConfig, batches, grow, lr_at
+from specbook.train import TrainConfig, batches, blend, grow, lr_at
 
 from specbook.models import assets_dir
 
@@ -98,5 +98,33 @@ def test_copy_stage_trains_the_target_on_and_records_its_phases(tmp_path):
     assert meta["copy"]["induction"]["config"]["repeat_rate"] == 0.5 and len(meta["copy"]["copy_losses"]) == 2
     assert meta["step"] == 3 and meta["grown_from"] == earlier["grown_from"]  # the earlier phases' record stays
     assert "then the `copy` stage: 2 steps" in _phases(meta)
+    assert meta["copy"]["mix"] == 0.8 and "blended" in _phases(meta)
     after = load_trained(out / "target", "cpu").model.layers[0].mlp.up_proj.weight
     assert not torch.equal(before.half().float(), after)
+
+    # --copy-mix 0 blends all the way back: the stage's training leaves no trace in the weights
+    shutil.rmtree(work / "ckpt-target-induction")
+    shutil.rmtree(work / "ckpt-target-anneal")
+    tiny_model(vocab_size=2048, seed=2).save_pretrained(out / "target")
+    (out / "target" / "training.json").write_text(json.dumps(earlier))
+    main(["--work", str(work), "--out", str(out), "--stages", "copy", "--copy-steps", "2", "--anneal-steps", "2",
+          "--copy-mix", "0", "--device", "cpu"])
+    torch.testing.assert_close(load_trained(out / "target", "cpu").model.layers[0].mlp.up_proj.weight,
+                               before.half().float(), rtol=0, atol=0)
+
+
+def test_blend_interpolates_weights_and_checks_mix():
+    before, after = {"w": torch.zeros(3)}, {"w": torch.tensor([1.0, 2.0, 4.0])}
+    torch.testing.assert_close(blend(before, after, 0.25)["w"], torch.tensor([0.25, 0.5, 1.0]))
+    torch.testing.assert_close(blend(before, after, 1.0)["w"], after["w"])
+    for mix in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=r"mix must be in \[0, 1\]"):
+            blend(before, after, mix)
+
+
+def test_copy_mix_outside_zero_one_is_a_usage_error(capsys):
+    from specbook.train import main
+
+    with pytest.raises(SystemExit):
+        main(["--stages", "card", "--copy-mix", "1.5"])
+    assert "--copy-mix must be in [0, 1], got 1.5" in capsys.readouterr().err

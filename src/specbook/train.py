@@ -12,7 +12,9 @@ Stages, each resumable and skipped when its output already exists:
 3. ``target``    a Llama-style causal LM trained on the corpus with next-token cross entropy.
    ``copy``      the target taught to continue a passage it has already read (induction heads,
                  Olsson et al. 2022): a phase in which half the windows are random token sequences
-                 written again and again, then a phase on text to bring its loss back down.
+                 written again and again, then a phase on text to bring its loss back down; last,
+                 the weights are blended with those from before the stage (WiSE-FT, Wortsman et al.
+                 2022), which keeps most of the copying and keeps the one-layer draft able to follow.
 4. ``draft``     a much smaller Llama-style model distilled from the target: trained on the target's
                  soft labels, minimising KL(q || p) at every position (Hinton et al. 2015; this is
                  the "distillation improves acceptance" recipe of DistillSpec, Zhou et al. 2024).
@@ -414,6 +416,8 @@ def main(argv=None):
     parser.add_argument("--target-steps", type=int, default=500, help="training steps after growing to full depth")
     parser.add_argument("--copy-steps", type=int, default=1500, help="the copy stage's steps on repeated sequences")
     parser.add_argument("--anneal-steps", type=int, default=200, help="the copy stage's steps on text after them")
+    parser.add_argument("--copy-mix", type=float, default=0.8,
+                        help="the copy stage's blend: weights = (1 - mix) before + mix after the stage")
     parser.add_argument("--draft-steps", type=int, default=1200)
     parser.add_argument("--medusa-steps", type=int, default=300)
     parser.add_argument("--medusa-heads", type=int, default=4, help="how many Medusa heads (default: %(default)s)")
@@ -438,6 +442,8 @@ def main(argv=None):
                   "draft": model_shape(args.draft_width, args.draft_layers)}
     except ValueError as error:
         parser.error(str(error))
+    if not 0 <= args.copy_mix <= 1:
+        parser.error(f"--copy-mix must be in [0, 1], got {args.copy_mix}")
     if args.shallow_layers > shapes["target"].get("num_hidden_layers", MODEL_CONFIGS["target"]["num_hidden_layers"]):
         parser.error("--shallow-layers must not exceed the target's depth")
     sized = partial(TrainConfig, batch_size=args.batch_size)
@@ -479,6 +485,7 @@ def main(argv=None):
                                            "grown_from": shallow_meta})
     if "copy" in stages:
         model = load_trained(out / "target", args.device)
+        before = {name: weight.clone() for name, weight in model.state_dict().items()}
         meta = json.loads((out / "target" / "training.json").read_text())
         phases = {
             "induction": TrainConfig(steps=args.copy_steps, batch_size=16, block_size=128, lr=6e-4, warmup=20,
@@ -490,6 +497,8 @@ def main(argv=None):
             state = train_model(model, train_tokens, valid_tokens, config, work / f"ckpt-target-{name}", args.device,
                                 desc=f"target, {name}")
             meta["copy"][name] = {"config": asdict(config), **state}
+        model.load_state_dict(blend(before, model.state_dict(), args.copy_mix))
+        meta["copy"]["mix"] = args.copy_mix
         meta["copy"]["copy_losses"] = copy_losses(model, valid_tokens.to(args.device))
         save_model(model, out / "target", meta)
     if "draft" in stages:
@@ -522,6 +531,15 @@ def main(argv=None):
     if "card" in stages:
         from .bench import machine
         write_card(out, work, {"machine": machine()})
+
+
+def blend(before, after, mix):
+    """Weight-space interpolation of two state dicts: (1 - mix) * before + mix * after (WiSE-FT,
+    Wortsman et al. 2022). The copy stage ends with it: copying comes on sharply with ``mix``
+    while the text statistics stay close to the model before the stage."""
+    if not 0 <= mix <= 1:
+        raise ValueError(f"mix must be in [0, 1], got {mix}")
+    return {name: torch.lerp(before[name], weight, mix) for name, weight in after.items()}
 
 
 @torch.no_grad()
@@ -634,6 +652,9 @@ def _phases(meta):
         words += (f"; then the `copy` stage: {induction['step']} steps ({induction['seconds'] / 60:.0f} min) on "
                   f"windows half of which are random token sequences written again and again, and {anneal['step']} "
                   f"steps ({anneal['seconds'] / 60:.0f} min) on text")
+        if "mix" in copy:
+            words += (f", and its weights blended with those from before the stage, {copy['mix']:g} of the way from "
+                      f"those to the new ones (`specbook.train.blend`)")
     return words + ". The table gives the totals of the first two phases."
 
 
