@@ -10,7 +10,7 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb) $(wildcard exercises/solutions/
 CHROMIUM ?= /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup book test unit nbval book-strict browser chromium notebooks clean
+.PHONY: setup book test unit nbval book-strict browser chromium notebooks test-floors clean
 
 setup: $(STAMP)
 
@@ -51,9 +51,27 @@ chromium:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-liberation fonts-dejavu-core; \
 	fi
 
+# The unit tests with every dependency at the floor pyproject.toml declares (torch at its pinned build),
+# in a separate environment, .venv-floors: the floors are versions the package was tested with.
+# The test tools (pytest, scipy, ...) are left to pip, at versions that suit the floors.
+FLOORS := .venv-floors
+TEST_TOOLS := pytest hypothesis scipy nbformat nbclient ipykernel
+
+test-floors: $(FLOORS)/.installed
+	$(FLOORS)/bin/python -m pytest tests -q --ignore=tests/browser --ignore=tests/test_book.py -p no:cacheprovider
+
+$(FLOORS)/.installed: requirements.txt pyproject.toml scripts/floors.py
+	rm -rf $(FLOORS)
+	$(PYTHON) -m venv $(FLOORS)
+	$(FLOORS)/bin/pip install --quiet --upgrade pip
+	$(FLOORS)/bin/pip install --quiet $$(grep '^torch==' requirements.txt) \
+	  $$($(PYTHON) scripts/floors.py --except torch) $(TEST_TOOLS)
+	$(FLOORS)/bin/pip install --quiet --no-deps --editable .
+	touch $@
+
 # Re-execute every notebook in place, top to bottom (after changing what they import).
 notebooks: setup
 	$(BIN)/python scripts/run_notebooks.py $(NOTEBOOKS)
 
 clean:
-	rm -rf _build
+	rm -rf _build $(FLOORS)

@@ -1,9 +1,13 @@
+import copy
+
 import pytest
 import torch
 
+import specbook.decoding
 import specbook.rejection
 from specbook.decoding import autoregressive_generate, speculative_generate
 from specbook.drafters import ModelDrafter
+from specbook.rejection import verify_chain
 from specbook.sampling import Sampler
 
 from support import SAMPLERS, chi_square_p_value, tiny_model
@@ -76,6 +80,24 @@ def test_sampled_output_follows_the_target(tiny_pair, sampler):
     assert chi_square_p_value(*tiny_pair, sampler) > 1e-3
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sampled_output_follows_the_target_in_half_precision(tiny_pair, dtype, monkeypatch):
+    """Models in half precision: p and q become float32 probabilities at once, and the draft reports the very
+    p its tokens were drawn from, so the output still follows the (half-precision) target exactly."""
+    half = tuple(copy.deepcopy(model).to(dtype) for model in tiny_pair)
+    seen = []
+
+    def spy(draft_tokens, draft_probs, target_probs, *args, **kwargs):
+        seen.append((draft_probs.dtype, target_probs.dtype))
+        return verify_chain(draft_tokens, draft_probs, target_probs, *args, **kwargs)
+
+    monkeypatch.setattr(specbook.decoding, "verify_chain", spy)
+    assert chi_square_p_value(*half, SAMPLERS[1]) > 1e-3
+    assert set(seen) == {(torch.float32, torch.float32)}
+    monkeypatch.setattr(specbook.rejection, "residual_distribution", lambda target_probs, draft_probs, **_: target_probs)
+    assert chi_square_p_value(*half, SAMPLERS[0]) < 1e-6  # and a broken verifier is still caught
+
+
 def test_chi_square_catches_a_broken_verifier(tiny_pair, monkeypatch):
     """Drawing the correction from q instead of the residual (q - p)+ biases the output: the test must see it."""
     monkeypatch.setattr(specbook.rejection, "residual_distribution", lambda target_probs, draft_probs, **_: target_probs)
@@ -90,6 +112,9 @@ def test_chi_square_catches_a_broken_verifier(tiny_pair, monkeypatch):
     (dict(input_ids=torch.empty(1, 0, dtype=torch.long)), "input_ids must not be empty"),
     (dict(input_ids=torch.zeros(2, 3, dtype=torch.long)), "batch of one"),
     (dict(max_new_tokens=300), "context"),
+    (dict(input_ids=torch.tensor([[1, 2, 64]])), r"input_ids must be token ids in \[0, 64\)"),
+    (dict(input_ids=torch.tensor([[1, -1, 2]])), r"input_ids must be token ids in \[0, 64\)"),
+    (dict(input_ids=torch.tensor([[1.0, 2.0]])), "integer token ids"),
 ])
 def test_bad_input(target, draft, kwargs, match):
     arguments = dict(input_ids=PROMPT, max_new_tokens=10, k=4) | kwargs

@@ -101,3 +101,16 @@ def test_hub_pair_with_mismatched_tokenizers_is_refused(pair, tmp_path):
 def test_missing_hub_model_gives_a_clear_message():
     with pytest.raises(OSError, match="needs a network connection"):
         load_pair(target="specbook-test/no-such-model", draft="specbook-test/no-such-model")
+
+
+@pytest.mark.parametrize("capability, expected", [((7, 5), torch.float16), ((8, 0), torch.bfloat16),
+                                                  ((9, 0), torch.bfloat16), ((6, 0), torch.float16)])
+def test_a_gpu_gets_bfloat16_only_where_it_is_native(monkeypatch, capability, expected):
+    """A T4 (7.5) only emulates bfloat16: float16 there; an A100 (8.0) or an H100 (9.0) computes it natively."""
+    from specbook.models import _resolve, default_dtype
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert default_dtype("cuda") == expected
+    assert _resolve("cuda", None) == (torch.device("cuda"), expected)
+    assert _resolve("cuda", torch.float32) == (torch.device("cuda"), torch.float32)  # an explicit dtype wins
+    assert default_dtype("cpu") == torch.float32

@@ -14,11 +14,24 @@ forget the ones the target rejected. Rolling back never recomputes the prefix. T
 
 Tree verification (`specbook.trees`) feeds every branch of a token tree at once; afterwards the
 cache keeps the prefix and the accepted path only (`keep_positions`, dynamic caches).
+
+Sliding windows. Some families attend, in some or all layers, only to the last W positions
+(Mistral, Phi-3, Qwen2 with ``use_sliding_window``, Gemma 2 and 3, whose layers alternate between a
+window and the full context). Hugging Face gives such a layer a cache that keeps only the last W
+keys and values, a ring buffer. Speculative decoding cannot use one: writing K drafts pushes the
+oldest K positions out, and when the target rejects the drafts those positions are gone, while
+the next tokens still need them. So every attention layer here keeps its full history (a
+`DynamicLayer`, or a full-length `StaticLayer`) and the window is applied by the attention mask
+alone -- the model's own mask for a chain, and `specbook.trees.tree_model_inputs` for a tree. The
+arithmetic is the model's; the cost is memory: a sliding layer holds the whole sequence, not W
+positions. Layers whose state is not one key and value per position (linear attention, state
+space layers, chunked attention, KV sharing) cannot be rolled back this way, and `attention_windows`
+refuses them.
 """
 
 import torch
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, StaticLayer
 
 CACHES = ("dynamic", "static")
 
@@ -31,13 +44,43 @@ def check_cache_options(cache: str, compile: bool = False) -> None:
         raise ValueError("compile=True needs cache='static': a compiled step replays fixed shapes")
 
 
+def attention_windows(config) -> list[int | None]:
+    """Per decoder layer of a model with ``config``: its sliding window W, or None for full attention.
+
+    Reads ``layer_types`` ("full_attention", "sliding_attention") where the config has them, else
+    ``sliding_window`` for every layer (Mistral, Phi-3). Raises for any other kind of layer, whose
+    cache cannot be rolled back by cropping (see the module docstring).
+    """
+    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    window = getattr(config, "sliding_window", None)
+    kinds = getattr(config, "layer_types", None)
+    if kinds is None:
+        kinds = ["sliding_attention" if window else "full_attention"] * config.num_hidden_layers
+        if getattr(config, "attention_chunk_size", None):
+            kinds = ["chunked_attention"]
+        if "local" in (getattr(config, "attention_layers", None) or []):  # GPT-Neo's local attention
+            kinds = ["local_attention"]
+    unsupported = sorted(set(kinds) - {"full_attention", "sliding_attention"})
+    if unsupported:
+        raise ValueError(f"this model has {', '.join(unsupported)} layers ({type(config).__name__}): specbook "
+                         "decodes models whose attention layers keep one key and value per position (full "
+                         "attention or a sliding window), the only state it can roll back after rejected drafts")
+    return [window if kind == "sliding_attention" else None for kind in kinds]
+
+
 def new_cache(model, max_length: int | None = None):
-    """An empty cache for ``model``: dynamic, or static with room for ``max_length`` tokens when given."""
+    """An empty cache for ``model``: dynamic, or static with room for ``max_length`` tokens when given.
+
+    Every layer keeps its full history, sliding-window layers included (see the module docstring).
+    """
+    attention_windows(model.config)
     if max_length is None:
         return DynamicCache()
     if not isinstance(max_length, int) or max_length < 1:
         raise ValueError(f"max_length must be an integer >= 1 (got {max_length!r})")
-    return StaticCache(config=model.config, max_cache_len=max_length)
+    cache = StaticCache(config=model.config, max_cache_len=max_length)
+    cache.layers = [StaticLayer(max_length) for _ in cache.layers]  # no ring buffers: the mask applies the window
+    return cache
 
 
 def is_static(cache) -> bool:
@@ -52,6 +95,9 @@ def rollback(cache, num_tokens: int) -> None:
         return
     if is_static(cache):
         for layer in cache.layers:
+            if type(layer) is not StaticLayer:
+                raise ValueError(f"rollback needs full-length StaticLayer cache layers (got {type(layer).__name__}): "
+                                 "make the cache with specbook.cache.new_cache")
             if layer.is_initialized:
                 layer.cumulative_length.sub_(num_tokens)  # a device scalar: no copy, no sync
     else:

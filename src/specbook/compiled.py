@@ -30,7 +30,9 @@ def compiled(model):
     the next step runs (the engine turns them into probabilities at once).
     """
     if model not in _COMPILED:
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        config = torch._dynamo.config
+        limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # its older name
+        setattr(config, limit, max(getattr(config, limit), RECOMPILE_LIMIT))
         mode = "reduce-overhead" if model.device.type == "cuda" else None
         _COMPILED[model] = torch.compile(model, mode=mode, **OPTIONS)
     step = _COMPILED[model]

@@ -16,8 +16,13 @@ rejected drafts off the cache, so the prefix is never recomputed. A tree step fe
 node 0, ..., node n-1] and keeps the prefix, the pending token and the accepted path.
 
 A drafter that reads the target's hidden states (``Drafter.uses_features``: Medusa, EAGLE) gets
-them from the same target calls: the engine runs the target's base model, then its LM head on
-the features, and hands the features of the committed positions to the drafter.
+them from the same target calls: the engine asks the target for its hidden states too, and hands
+the last layer's (its features) at the committed positions to the drafter. The logits stay the
+model's own, whatever it does after its LM head (Gemma 2 caps them with a tanh).
+
+The target's distribution is never cut: q spans the target's whole vocabulary. A draft model
+whose embedding has fewer rows (real pairs pad their embedding matrices to different multiples)
+reports a p that is zero on the rows it lacks, which the accept rule handles like any other p.
 
 The same loops are the GPU path. ``cache="static"`` pre-allocates both models' KV caches for the
 whole generation and rolls back by moving a length pointer on the device (`specbook.cache`);
@@ -34,7 +39,7 @@ import torch
 from .cache import check_cache_options, is_static, keep_positions, new_cache, rollback
 from .compiled import compiled
 from .drafters import Drafter, ModelDrafter
-from .heads import target_features
+from .models import check_pair, check_token_ids
 from .policies import DraftLength, as_policy
 from .rejection import verify_chain
 from .sampling import Sampler
@@ -90,6 +95,7 @@ def _check_inputs(model, input_ids, max_new_tokens, cache="dynamic", compile=Fal
                          f"the model's context of {context} tokens")
     if input_ids.device != model.device:
         raise ValueError(f"input_ids are on {input_ids.device} but the model is on {model.device}: move them with .to()")
+    check_token_ids(input_ids, model)
     check_cache_options(cache, compile)
 
 
@@ -106,25 +112,21 @@ def _prefill(model, input_ids, features=False, max_length=None):
 
     The cache is static, with room for ``max_length`` tokens, when that is given, else dynamic.
     With ``features``, also return the model's features at those T - 1 positions (None for a
-    one-token prompt); the prefill then runs the base model alone and computes no logits.
+    one-token prompt): the last layer's hidden states, the input of the LM head.
     """
     cache, context, hidden = new_cache(model, max_length), input_ids[:, :-1], None
-    if context.shape[1] and features:
-        hidden = target_features(model, context, past_key_values=cache, use_cache=True)[0]  # (T - 1, hidden)
-    elif context.shape[1]:
-        model(context, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    if context.shape[1]:
+        outputs = model(context, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=features)
+        hidden = outputs.hidden_states[-1][0] if features else None  # (T - 1, hidden)
     return cache, input_ids[0, -1:].tolist(), hidden
 
 
-def _target_forward(target, cache, input_ids, features, forward, **inputs):
+def _target_forward(cache, input_ids, features, forward, **inputs):
     """The target on ``input_ids`` (1, n) after ``cache``: its logits (n, vocab), and its features (n, hidden)
-    when ``features`` is set (else None): the base model, then the LM head -- the arithmetic of
-    ``target(...)``, with the hidden states kept. ``forward`` is the target or its compiled step;
-    ``inputs``: a tree's mask and positions."""
-    if not features:
-        return forward(input_ids, past_key_values=cache, use_cache=True, **inputs).logits[0], None
-    hidden = target_features(target, input_ids, past_key_values=cache, use_cache=True, **inputs)[0]  # (n, hidden)
-    return target.get_output_embeddings()(hidden), hidden
+    when ``features`` is set (else None): the last layer's hidden states, the input of its LM head.
+    ``forward`` is the target or its compiled step; ``inputs``: a tree's mask and positions."""
+    outputs = forward(input_ids, past_key_values=cache, use_cache=True, output_hidden_states=features, **inputs)
+    return outputs.logits[0], (outputs.hidden_states[-1][0] if features else None)
 
 
 def _finish(token_ids, eos_token_id, tokenizer):
@@ -170,7 +172,7 @@ def _as_drafter(drafter, target, cache="dynamic", compile=False, max_length=None
         raise ValueError(f"drafter must be a Drafter (e.g. ModelDrafter(draft_model)) or a model "
                          f"(got {type(drafter).__name__})")
     if isinstance(drafter, ModelDrafter):
-        _check_same_vocabulary(target, drafter.model)
+        check_pair(target, drafter.model)
         drafter.vocab_size = min(_vocab_size(target), _vocab_size(drafter.model))
     if drafter.uses_features and getattr(drafter, "target", target) is not target:
         raise ValueError(f"{type(drafter).__name__} reads the features of another model than this target: "
@@ -178,24 +180,11 @@ def _as_drafter(drafter, target, cache="dynamic", compile=False, max_length=None
     return drafter
 
 
-def _check_same_vocabulary(target, draft):
-    """Refuse a draft whose tokenizer is not the target's; tolerate padding rows in the logits."""
-    if draft.device != target.device:
-        raise ValueError(f"the draft model is on {draft.device} but the target is on {target.device}: "
-                         "put both on the same device")
-    same_specials = all(getattr(target.config, name, None) == getattr(draft.config, name, None)
-                        for name in ("bos_token_id", "eos_token_id"))
-    widths = _vocab_size(target), _vocab_size(draft)
-    # Real pairs pad the embedding matrix to a multiple of 64 or 128; beyond that the vocabularies differ.
-    if not same_specials or abs(widths[0] - widths[1]) >= 128:
-        raise ValueError(f"the draft must share the target's tokenizer (target vocabulary {widths[0]}, "
-                         f"draft {widths[1]}; special tokens {'agree' if same_specials else 'differ'})")
-
-
 def _draft_probs(draft, vocab):
-    """The draft's p (n, vocab): its reported distributions, or one-hot rows for a deterministic drafter."""
+    """The draft's p (n, vocab) over the target's ``vocab``: its reported distributions, zero on the rows
+    a narrower draft lacks, or one-hot rows for a deterministic drafter."""
     if draft.probs is not None:
-        return draft.probs[:, :vocab]
+        return torch.nn.functional.pad(draft.probs, (0, vocab - draft.probs.shape[1]))
     return torch.nn.functional.one_hot(draft.tokens, vocab).float()
 
 
@@ -208,8 +197,8 @@ def _chain_step(target, cache, pending, draft, drafter, sampler, generator, voca
     """
     drafted = draft.tokens if draft is not None else torch.empty(0, dtype=torch.long, device=target.device)
     inputs = torch.cat([torch.tensor(pending, device=target.device), drafted])[None]  # (1, n + 1)
-    logits, hidden = _target_forward(target, cache, inputs, features, forward)
-    target_probs = sampler.probs(logits[:, :vocab])  # (n + 1, vocab)
+    logits, hidden = _target_forward(cache, inputs, features, forward)
+    target_probs = sampler.probs(logits)  # (n + 1, vocab)
     if len(drafted):
         accepted, next_token, bonus = verify_chain(drafted, _draft_probs(draft, vocab), target_probs, generator,
                                                    validate=False)
@@ -233,9 +222,10 @@ def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab
         raise ValueError("tree drafts need cache='dynamic': a static cache keeps a chain (a prefix) only")
     context = cache.get_seq_length()
     inputs = torch.cat([torch.tensor(pending, device=target.device), draft.tokens])[None]  # (1, n + 1): root, nodes
-    logits, hidden = _target_forward(target, cache, inputs, features, forward,
-                                     **tree_model_inputs(draft.parents, context, 0, target.dtype, target.device))
-    target_probs = sampler.probs(logits[:, :vocab])  # (n + 1, vocab)
+    logits, hidden = _target_forward(cache, inputs, features, forward,
+                                     **tree_model_inputs(draft.parents, context, 0, target.dtype, target.device,
+                                                                        target.config))
+    target_probs = sampler.probs(logits)  # (n + 1, vocab)
     path, next_token, bonus = verify_tree(draft.tokens, draft.parents, _draft_probs(draft, vocab), target_probs,
                                           generator, validate=False)
     committed = [0] + [node + 1 for node in path]  # rows: the root, then the accepted nodes
@@ -278,7 +268,7 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     policy.start()
     # Only a policy that reads the draft's confidence is asked after every drafted token (a softmax each).
     keep_drafting = policy.keep_drafting if type(policy).keep_drafting is not DraftLength.keep_drafting else None
-    vocab = min(_vocab_size(target), getattr(drafter, "vocab_size", _vocab_size(target)))
+    vocab = _vocab_size(target)
     token_ids, steps = [], []
     while len(token_ids) < max_new_tokens and (not token_ids or token_ids[-1] != eos_token_id):
         budget = min(policy.next_k(), max_new_tokens - len(token_ids) - 1)  # a step emits up to budget + 1 tokens

@@ -34,11 +34,52 @@ def assets_dir(name: str = "shakespeare") -> Path:
     return Path(resources.files("specbook")) / "assets" / name
 
 
+def default_dtype(device) -> torch.dtype:
+    """The precision a model gets on ``device`` unless ``dtype=`` says otherwise.
+
+    float32 on the CPU. On a CUDA GPU, bfloat16 where the GPU computes it natively (compute
+    capability 8.0 and up: A100, L4, H100, RTX 30xx and later), else float16: a T4 (7.5), the GPU
+    most Colab sessions get, only emulates bfloat16, several times slower. float32 elsewhere.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.float32
+    major, _ = torch.cuda.get_device_capability(device)
+    return torch.bfloat16 if major >= 8 else torch.float16
+
+
 def _resolve(device, dtype):
     device = torch.device(device if device is not None else "cpu")
-    if dtype is None:
-        dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    return device, dtype
+    return device, (dtype if dtype is not None else default_dtype(device))
+
+
+def check_token_ids(input_ids: torch.Tensor, model: torch.nn.Module, name: str = "input_ids") -> None:
+    """Refuse token ids that ``model`` cannot embed: each must be in [0, rows of its input embedding)."""
+    if input_ids.is_floating_point() or input_ids.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer token ids (got {input_ids.dtype})")
+    rows = model.get_input_embeddings().num_embeddings
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= rows:
+        raise ValueError(f"{name} must be token ids in [0, {rows}), the rows of the model's embedding (got ids from "
+                         f"{low} to {high}): was the text encoded with this model's tokenizer?")
+
+
+def check_pair(target: torch.nn.Module, draft: torch.nn.Module) -> None:
+    """Refuse a draft model that cannot draft for ``target``: another device or another tokenizer.
+
+    The two must agree on the special tokens, and their vocabularies may differ only by padding
+    rows: real pairs pad the embedding matrix to a multiple of 64 or 128 (Qwen2.5-0.5B has 151,936
+    rows, Qwen2.5-7B 152,064, for the same 151,665 tokens), so widths closer than 128 pass.
+    """
+    if draft.device != target.device:
+        raise ValueError(f"the draft model is on {draft.device} but the target is on {target.device}: "
+                         "put both on the same device")
+    same_specials = all(getattr(target.config, name, None) == getattr(draft.config, name, None)
+                        for name in ("bos_token_id", "eos_token_id"))
+    widths = [model.get_output_embeddings().weight.shape[0] for model in (target, draft)]
+    if not same_specials or abs(widths[0] - widths[1]) >= 128:
+        raise ValueError(f"the draft must share the target's tokenizer (target vocabulary {widths[0]}, "
+                         f"draft {widths[1]}; special tokens {'agree' if same_specials else 'differ'})")
 
 
 def load_pair(name: str | None = None, *, target: str | None = None, draft: str | None = None,
@@ -47,8 +88,9 @@ def load_pair(name: str | None = None, *, target: str | None = None, draft: str 
 
     Either a built-in pair by ``name`` (``"shakespeare"``), a pair that ``python -m specbook.train
     --out DIR`` wrote (``name=DIR``: a tokenizer, ``target/`` and ``draft/``), or two Hugging Face hub
-    models by id (``target=``, ``draft=``). ``device`` defaults to the CPU and ``dtype`` to float32
-    there (bfloat16 on a GPU).
+    models by id or local directory (``target=``, ``draft=``). ``device`` defaults to the CPU;
+    ``dtype`` to `default_dtype` of the device (float32 on the CPU; on a GPU bfloat16 where it is
+    native, else float16).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -58,7 +58,7 @@ class EagleDrafter(Drafter):
         return cls(target, EagleHead.from_pretrained(name_or_path, target), tree)
 
     def start(self, input_ids):
-        self.cache = new_cache(self.head)
+        self.cache = new_cache(self.head.layer)
         self.tokens = input_ids[0, 1:]  # (m,): committed tokens x_{t+1} whose pair (f_t, x_{t+1}) is not fed yet
         self.features = []  # their features f_t: the (n, hidden) blocks the engine handed over
         self.proposed = []  # this step's drafts

@@ -13,6 +13,7 @@ import torch
 
 from ..cache import check_cache_options, new_cache, rollback
 from ..compiled import compiled
+from ..models import check_token_ids
 from .base import Draft, Drafter
 
 
@@ -39,6 +40,7 @@ class ModelDrafter(Drafter):
         return self.model.device
 
     def start(self, input_ids: torch.Tensor) -> None:
+        check_token_ids(input_ids, self.model, "the prompt (for the draft model)")
         self.cache = new_cache(self.model, self.static_length)
         if input_ids.shape[1] > 1:
             self.model(input_ids[:, :-1], past_key_values=self.cache, use_cache=True, logits_to_keep=1)
@@ -65,7 +67,16 @@ class ModelDrafter(Drafter):
         self.proposed = draft.tokens
         return draft
 
+    def _check_readable(self, token: int) -> None:
+        """Refuse a target token beyond the draft's embedding: a padding row only a wider target has."""
+        rows = self.model.get_input_embeddings().num_embeddings
+        if token >= rows:
+            raise ValueError(f"the target emitted token {token}, a padding row of its vocabulary that the draft "
+                             f"model's embedding ({rows} rows) cannot read: draft with a model whose embedding "
+                             "covers the target's tokens")
+
     def update(self, num_accepted, next_token):
+        self._check_readable(next_token)
         in_cache = max(len(self.proposed) - 1, 0)  # the last draft was sampled, never fed
         rollback(self.cache, in_cache - min(num_accepted, in_cache))
         self.pending = torch.cat([self.pending, self.proposed[in_cache:num_accepted],

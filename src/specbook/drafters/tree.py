@@ -94,6 +94,7 @@ class TopKTreeDrafter(ModelDrafter):
         return Draft(torch.cat(tokens), torch.cat(probs) if probs[0] is not None else None, tree.parents[:drafted])
 
     def update(self, num_accepted, next_token, path=None):
+        self._check_readable(next_token)
         path = path or []  # no path: nothing was proposed this step
         fed = [node for node in path if node < self.fed]  # accepted nodes already in the draft cache
         context = self.cache.get_seq_length() - self.fed
