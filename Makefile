@@ -56,6 +56,8 @@ chromium:
 # The test tools (pytest, scipy, ...) are left to pip, at versions that suit the floors.
 FLOORS := .venv-floors
 TEST_TOOLS := pytest hypothesis scipy nbformat nbclient ipykernel
+# transformers 5.4's own floor for the hub client: later releases reject some of its configs (OLMo 2).
+FLOORS_PINS := huggingface-hub==1.5.0
 
 test-floors: $(FLOORS)/.installed
 	$(FLOORS)/bin/python -m pytest tests -q --ignore=tests/browser --ignore=tests/test_book.py -p no:cacheprovider
@@ -65,7 +67,7 @@ $(FLOORS)/.installed: requirements.txt pyproject.toml scripts/floors.py
 	$(PYTHON) -m venv $(FLOORS)
 	$(FLOORS)/bin/pip install --quiet --upgrade pip
 	$(FLOORS)/bin/pip install --quiet $$(grep '^torch==' requirements.txt) \
-	  $$($(PYTHON) scripts/floors.py --except torch) $(TEST_TOOLS)
+	  $$($(PYTHON) scripts/floors.py --except torch) $(FLOORS_PINS) $(TEST_TOOLS)
 	$(FLOORS)/bin/pip install --quiet --no-deps --editable .
 	touch $@
 

@@ -116,3 +116,23 @@ def test_a_target_token_the_draft_cannot_read_is_refused():
     draft = tiny_family_model("llama", seed=1, layers=1)
     with pytest.raises(ValueError, match="padding row .* cannot read"):
         speculative_generate(target, draft, prompt, 4, k=2, sampler=Sampler(0))
+
+
+@pytest.mark.parametrize("config", ["Llama4TextConfig", "Qwen3NextConfig"])
+def test_layers_that_cannot_be_rolled_back_are_refused(config):
+    """Chunked attention, linear attention: no method may run on them, and the error says why."""
+    import transformers
+
+    with pytest.raises(ValueError, match="layers .* the only state it can roll back"):
+        attention_windows(getattr(transformers, config)())
+
+
+def test_describe_pair_reports_padding_and_windows():
+    from specbook.models import describe_pair
+
+    target, draft = tiny_family_model("gemma3"), tiny_family_model("gemma3", seed=1, layers=1, vocab=VOCAB + 32)
+    report = describe_pair(target, draft)
+    assert report["target (q)"]["attention"] == f"sliding window {WINDOW} in 1 of 2 layers"
+    assert report["draft (p)"]["embedding rows"] == VOCAB + 32
+    with pytest.raises(ValueError, match="share the target's tokenizer"):
+        describe_pair(target, tiny_family_model("gemma3", vocab=VOCAB + 500))

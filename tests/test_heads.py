@@ -168,7 +168,7 @@ def test_the_eagle_cache_holds_the_true_features_of_the_committed_tokens(target,
     sequence = torch.cat([PROMPT[0], torch.tensor(result.token_ids)])[None]
     length = drafter.cache.get_seq_length()  # pairs (f_t, x_{t+1}) for t < length; the rest wait to be fed
     assert length + len(drafter.tokens) == sequence.shape[1] - 1 == length + len(torch.cat(drafter.features))
-    fresh = new_cache(heads.eagle)
+    fresh = new_cache(heads.eagle.layer)
     with torch.no_grad():
         features = target_features(target, sequence)
         heads.eagle(features[:, :length], target.get_input_embeddings()(sequence[:, 1:length + 1]), fresh)

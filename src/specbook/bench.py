@@ -279,15 +279,11 @@ def measure_alpha(target, draft, prompts, new_tokens=64, seed=0):
         sampled = autoregressive_generate(target, input_ids, new_tokens, Sampler(1.0), seed=seed + index).token_ids
         sequence = torch.cat([input_ids[0], torch.tensor(sampled, device=input_ids.device)])[None]
         target_probs = target(sequence).logits[0, start:-1].float().softmax(-1)  # (new_tokens, vocab)
-        draft_probs = draft(sequence).logits[0, start:-1].float().softmax(-1)
-        vocab = min(target_probs.shape[-1], draft_probs.shape[-1])
-        alphas.append(acceptance_rate(_renormalised(target_probs, vocab), _renormalised(draft_probs, vocab)))
+        vocab = target_probs.shape[-1]  # as in the engine: the draft's p over the target's vocabulary
+        draft_probs = draft(sequence).logits[0, start:-1, :vocab].float().softmax(-1)
+        draft_probs = torch.nn.functional.pad(draft_probs, (0, vocab - draft_probs.shape[-1]))
+        alphas.append(acceptance_rate(target_probs, draft_probs))
     return {"greedy": matches / positions, "sampled": float(torch.cat(alphas).mean())}
-
-
-def _renormalised(probs, vocab):
-    probs = probs[..., :vocab]
-    return probs / probs.sum(-1, keepdim=True)
 
 
 # ----------------------------------------------------------------------------- the GPU benchmark

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from .cache import attention_windows
+
 BUILT_IN = ("shakespeare",)
 
 
@@ -62,6 +64,32 @@ def check_token_ids(input_ids: torch.Tensor, model: torch.nn.Module, name: str =
     if low < 0 or high >= rows:
         raise ValueError(f"{name} must be token ids in [0, {rows}), the rows of the model's embedding (got ids from "
                          f"{low} to {high}): was the text encoded with this model's tokenizer?")
+
+
+def attention_summary(config) -> str:
+    """How a model's layers attend, in words: "full" or "sliding window W in n of L layers"."""
+    windows = attention_windows(config)
+    sliding = [window for window in windows if window is not None]
+    return f"sliding window {sliding[0]} in {len(sliding)} of {len(windows)} layers" if sliding else "full"
+
+
+def describe_pair(target: torch.nn.Module, draft: torch.nn.Module, tokenizer=None) -> dict[str, dict]:
+    """What matters about a pair for speculative decoding, per model: a table for a reader's own pair.
+
+    Checks it first (`check_pair`; `specbook.cache.attention_windows` refuses layers that cannot be
+    rolled back). ``padding rows`` are embedding rows beyond the tokenizer's tokens, when it is given.
+    """
+    check_pair(target, draft)
+    report = {}
+    for role, model in (("target (q)", target), ("draft (p)", draft)):
+        rows = model.get_input_embeddings().num_embeddings
+        report[role] = {"family": model.config.model_type, "layers": model.config.num_hidden_layers,
+                        "parameters": sum(weight.numel() for weight in model.parameters()),
+                        "embedding rows": rows,
+                        "padding rows": rows - len(tokenizer) if tokenizer is not None else None,
+                        "attention": attention_summary(model.config),
+                        "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device)}
+    return report
 
 
 def check_pair(target: torch.nn.Module, draft: torch.nn.Module) -> None:
