@@ -184,6 +184,11 @@ class EagleHead(_Head):
         return self.layer(inputs_embeds=pairs, past_key_values=past_key_values, use_cache=past_key_values is not None,
                           **inputs).last_hidden_state
 
+    @property
+    def config(self):
+        """The config of its decoder layer (a one-layer Llama): what `specbook.cache.new_cache` reads."""
+        return self.layer.config
+
     def _config(self):
         config = self.layer.config
         return {name: getattr(config, name) for name in _LAYER_FIELDS if getattr(config, name, None) is not None}
