@@ -126,6 +126,32 @@ def test_trees_need_a_dynamic_cache(models, device):
         speculative_generate(target, TopKTreeDrafter(draft), prompt_on(device), 10, k=3, cache="static")
 
 
+def test_prompts_of_different_lengths_share_the_compiled_steps(models, device, monkeypatch):
+    """The static cache is sized in blocks, so a new prompt length compiles nothing new (each compilation
+    of a real model takes seconds). A speculative run's last step may verify fewer drafts, a shape of its
+    own: one untimed run on every prompt (`run_benchmark`'s ``warm_every_prompt``) meets them all."""
+    graphs = []
+
+    def counting_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    monkeypatch.setattr(specbook.compiled, "OPTIONS", specbook.compiled.OPTIONS | {"backend": counting_backend})
+    monkeypatch.setattr(specbook.compiled, "_COMPILED", {})
+    target, draft = models
+    prompts = [torch.tensor([prompt], device=device) for prompt in (PROMPT, PROMPT[:3], PROMPT * 3)]
+    for ids in prompts:
+        autoregressive_generate(target, ids, 6, cache="static", compile=True)
+        first = first if ids is not prompts[0] else len(graphs)
+        assert len(graphs) == first
+    for sweep in range(2):
+        for ids in prompts:
+            speculative_generate(target, draft, ids, 6, k=2, cache="static", compile=True)
+        if sweep == 0:
+            warmed = len(graphs)
+    assert len(graphs) == warmed
+
+
 @CUDA
 def test_drafting_never_waits_for_the_gpu():
     """K draft steps with a static cache are queued without one host-device synchronisation."""

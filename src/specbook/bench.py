@@ -182,7 +182,7 @@ def heads_and_trees(pair, medusa, eagle, sampler, max_new_tokens, k=4, stop_thre
     ]
 
 
-def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True):
+def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every_prompt=False):
     """Time every method on every prompt (``prompts``: list of (1, T) tensors); return a list of row dicts.
 
     The runs are interleaved: each of ``repeats`` rounds runs every method on every prompt in turn,
@@ -192,10 +192,13 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True):
     the baseline (autoregressive): ``speedup`` is its time over each method's. ``same_tokens`` says
     whether a method produced exactly the baseline's tokens on every prompt (expected in greedy
     mode); ``draft_calls_per_token`` counts the drafter's forward passes (model or head calls) per
-    token, from the last round. Each method runs once untimed first, to pay for lazy initialisation.
+    token, from the last round. Each method runs once untimed first, to pay for lazy initialisation;
+    ``warm_every_prompt`` runs it untimed on every prompt, so that compiled steps meet every input
+    length the timed runs will (the last step of a speculative run verifies fewer drafts).
     """
     for method in methods:
-        method.run(prompts[0], seed)
+        for input_ids in prompts if warm_every_prompt else prompts[:1]:
+            method.run(input_ids, seed)
     times = [[[] for _ in prompts] for _ in methods]  # [method][prompt] -> seconds of each round
     outputs = [[None] * len(prompts) for _ in methods]
     stats = [[None] * len(prompts) for _ in methods]
@@ -312,7 +315,7 @@ def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, r
         methods += [speculative(target, draft, k, sampler, max_new_tokens, **path) for k in ks]
         methods += [hugging_face_assisted(target, draft, sampler, max_new_tokens)]
         methods += [hugging_face_assisted(target, draft, sampler, max_new_tokens, k=k) for k in ks]
-        measured = run_benchmark(methods, prompts, repeats, seed, progress)
+        measured = run_benchmark(methods, prompts, repeats, seed, progress, warm_every_prompt=compile)
         hf = {row["k"]: row for row in measured if row["method"].startswith("HF")}
         fastest_hf = min(hf.values(), key=lambda row: row["seconds"])
         for row in measured:

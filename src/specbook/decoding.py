@@ -103,6 +103,21 @@ def _vocab_size(model) -> int:
     return model.get_output_embeddings().weight.shape[0]
 
 
+STATIC_BLOCK = 256  # static caches are sized in blocks of this many tokens
+
+
+def _static_length(model, input_ids, max_new_tokens, cache):
+    """A static cache's length: room for the prompt and the new tokens, rounded up to a block (not past
+    the model's context), so that prompts of different lengths share one compiled step instead of each
+    compiling its own (a compiled step is specialised to the cache's shape). None for a dynamic cache."""
+    if cache != "static":
+        return None
+    needed = input_ids.shape[1] + max_new_tokens
+    rounded = -(-needed // STATIC_BLOCK) * STATIC_BLOCK
+    context = getattr(model.config, "max_position_embeddings", None)
+    return rounded if context is None else min(rounded, context)
+
+
 def _generator(seed, device):
     return None if seed is None else torch.Generator(device).manual_seed(seed)
 
@@ -147,7 +162,7 @@ def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(),
     _check_inputs(model, input_ids, max_new_tokens, cache, compile)
     generator = _generator(seed, model.device)
     started = time.perf_counter()
-    static_length = input_ids.shape[1] + max_new_tokens if cache == "static" else None
+    static_length = _static_length(model, input_ids, max_new_tokens, cache)
     kv_cache, _, _ = _prefill(model, input_ids, max_length=static_length)
     forward = compiled(model) if compile else model
     vocab = _vocab_size(model)
@@ -255,7 +270,7 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     """
     _check_inputs(target, input_ids, max_new_tokens, cache, compile)
     policy = as_policy(k)
-    static_length = input_ids.shape[1] + max_new_tokens if cache == "static" else None
+    static_length = _static_length(target, input_ids, max_new_tokens, cache)
     drafter = _as_drafter(drafter, target, cache, compile, static_length)
     generator = _generator(seed, target.device)
     started = time.perf_counter()

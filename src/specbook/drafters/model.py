@@ -79,6 +79,6 @@ class ModelDrafter(Drafter):
         self._check_readable(next_token)
         in_cache = max(len(self.proposed) - 1, 0)  # the last draft was sampled, never fed
         rollback(self.cache, in_cache - min(num_accepted, in_cache))
-        self.pending = torch.cat([self.pending, self.proposed[in_cache:num_accepted],
-                                  self.proposed.new_tensor([next_token])])
+        next_token = torch.full((1,), next_token, dtype=self.proposed.dtype, device=self.device)  # no host copy
+        self.pending = torch.cat([self.pending, self.proposed[in_cache:num_accepted], next_token])
         self.proposed = self.proposed[:0]
