@@ -92,8 +92,10 @@ def test_copy_stage_trains_the_target_on_and_records_its_phases(tmp_path):
     (out / "target" / "training.json").write_text(json.dumps(earlier))
     before = load_trained(out / "target", "cpu").model.layers[0].mlp.up_proj.weight.clone()
     main(["--work", str(work), "--out", str(out), "--stages", "copy", "--copy-steps", "2", "--anneal-steps", "2",
-          "--device", "cpu"])
+          "--device", "cpu", "--target-lr-scale", "0.5", "--ckpt-every", "1"])
     meta = json.loads((out / "target" / "training.json").read_text())
+    assert meta["copy"]["induction"]["config"]["lr"] == 3e-4 and meta["copy"]["anneal"]["config"]["lr"] == 1.5e-4
+    assert meta["copy"]["induction"]["config"]["ckpt_every"] == 1
     assert meta["copy"]["induction"]["step"] == meta["copy"]["anneal"]["step"] == 2
     assert meta["copy"]["induction"]["config"]["repeat_rate"] == 0.5 and len(meta["copy"]["copy_losses"]) == 2
     assert meta["step"] == 3 and meta["grown_from"] == earlier["grown_from"]  # the earlier phases' record stays
@@ -122,9 +124,14 @@ def test_blend_interpolates_weights_and_checks_mix():
             blend(before, after, mix)
 
 
-def test_copy_mix_outside_zero_one_is_a_usage_error(capsys):
+@pytest.mark.parametrize("option, value, message", [
+    ("--copy-mix", "1.5", "--copy-mix must be in [0, 1], got 1.5"),
+    ("--target-lr-scale", "0", "--target-lr-scale must be > 0, got 0.0"),
+    ("--ckpt-every", "0", "--ckpt-every must be >= 1, got 0"),
+])
+def test_options_out_of_range_are_usage_errors(capsys, option, value, message):
     from specbook.train import main
 
     with pytest.raises(SystemExit):
-        main(["--stages", "card", "--copy-mix", "1.5"])
-    assert "--copy-mix must be in [0, 1], got 1.5" in capsys.readouterr().err
+        main(["--stages", "card", option, value])
+    assert message in capsys.readouterr().err

@@ -37,7 +37,7 @@ import math
 import platform
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -319,7 +319,7 @@ def train_model(model, train_tokens, valid_tokens, config, ckpt_dir, device, tea
         saved = torch.load(ckpt_path, map_location=device, weights_only=False)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
-        generator.set_state(saved["generator"])
+        generator.set_state(saved["generator"].cpu())  # map_location moved it to the device
         state = saved["state"]
         print(f"{desc}: resumed at step {state['step']}")
     data = batches(train_tokens, config, generator)
@@ -426,6 +426,12 @@ def main(argv=None):
     parser.add_argument("--target-layers", type=int, default=None, help="another target size: its depth")
     parser.add_argument("--draft-width", type=int, default=None, help="another draft size: its hidden size")
     parser.add_argument("--draft-layers", type=int, default=None, help="another draft size: its depth")
+    parser.add_argument("--target-lr-scale", type=float, default=1.0,
+                        help="multiplies the target's learning rates (target and copy stages): a wider target "
+                             "wants a smaller rate, about 256 / its width (default: %(default)s)")
+    parser.add_argument("--ckpt-every", type=int, default=TrainConfig.ckpt_every,
+                        help="steps between training checkpoints; a large model's (float32 weights and Adam's "
+                             "moments, 12 bytes a parameter) takes seconds to write (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size,
                         help="sequences per training step (default: %(default)s)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -446,7 +452,14 @@ def main(argv=None):
         parser.error(f"--copy-mix must be in [0, 1], got {args.copy_mix}")
     if args.shallow_layers > shapes["target"].get("num_hidden_layers", MODEL_CONFIGS["target"]["num_hidden_layers"]):
         parser.error("--shallow-layers must not exceed the target's depth")
-    sized = partial(TrainConfig, batch_size=args.batch_size)
+    if args.ckpt_every < 1:
+        parser.error(f"--ckpt-every must be >= 1, got {args.ckpt_every}")
+    if args.target_lr_scale <= 0:
+        parser.error(f"--target-lr-scale must be > 0, got {args.target_lr_scale}")
+    sized = partial(TrainConfig, batch_size=args.batch_size, ckpt_every=args.ckpt_every)
+
+    def for_target(config):  # the target's learning rate, scaled for its width
+        return replace(config, lr=config.lr * args.target_lr_scale)
     stages = set(args.stages.split(","))
     unknown = stages - set(STAGES)
     if unknown:
@@ -471,12 +484,12 @@ def main(argv=None):
 
     if "target" in stages:
         # Two phases: a shallow target from scratch, then grown to the full depth and trained on.
-        shallow_config = sized(steps=args.shallow_steps, seed=args.seed)
+        shallow_config = for_target(sized(steps=args.shallow_steps, seed=args.seed))
         shallow = new_model("target", tokenizer, args.seed, **{**shapes["target"],
                                                                "num_hidden_layers": args.shallow_layers})
         shallow_state = train_model(shallow, train_tokens, valid_tokens, shallow_config, work / "ckpt-target-shallow",
                                     args.device, desc=f"target, {args.shallow_layers} layers")
-        config = sized(steps=args.target_steps, lr=1e-3, warmup=50, seed=args.seed + 2, copy_rate=0.25)
+        config = for_target(sized(steps=args.target_steps, lr=1e-3, warmup=50, seed=args.seed + 2, copy_rate=0.25))
         model = grow(shallow.cpu(), new_model("target", tokenizer, args.seed, **shapes["target"]))
         state = train_model(model, train_tokens, valid_tokens, config, work / "ckpt-target", args.device, desc="target")
         shallow_meta = {"layers": args.shallow_layers, "config": asdict(shallow_config), **shallow_state}
@@ -488,9 +501,10 @@ def main(argv=None):
         before = {name: weight.clone() for name, weight in model.state_dict().items()}
         meta = json.loads((out / "target" / "training.json").read_text())
         phases = {
-            "induction": TrainConfig(steps=args.copy_steps, batch_size=16, block_size=128, lr=6e-4, warmup=20,
-                                     final_lr=1.0, seed=args.seed + 5, copy_rate=1.0, repeat_rate=0.5),
-            "anneal": sized(steps=args.anneal_steps, lr=3e-4, warmup=10, seed=args.seed + 6, copy_rate=0.5),
+            "induction": for_target(TrainConfig(steps=args.copy_steps, batch_size=16, block_size=128, lr=6e-4,
+                                                warmup=20, final_lr=1.0, seed=args.seed + 5, copy_rate=1.0,
+                                                repeat_rate=0.5, ckpt_every=args.ckpt_every)),
+            "anneal": for_target(sized(steps=args.anneal_steps, lr=3e-4, warmup=10, seed=args.seed + 6, copy_rate=0.5)),
         }
         meta["copy"] = {}
         for name, config in phases.items():
@@ -516,13 +530,15 @@ def main(argv=None):
     if stages & {"medusa", "eagle"}:
         target = load_trained(out / "target", args.device).requires_grad_(False)
     if "medusa" in stages:
-        config = TrainConfig(steps=args.medusa_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 3)
+        config = TrainConfig(steps=args.medusa_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 3,
+                             ckpt_every=args.ckpt_every)
         heads = MedusaHeads(target.config.hidden_size, args.medusa_heads)
         state = train_head(heads, medusa_loss, target, train_tokens, valid_tokens, config, work / "ckpt-medusa",
                            args.device, desc="medusa")
         save_head(heads, out / "medusa", {"config": asdict(config), "hardware": hardware, **state})
     if "eagle" in stages:
-        config = TrainConfig(steps=args.eagle_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 4)
+        config = TrainConfig(steps=args.eagle_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 4,
+                             ckpt_every=args.ckpt_every)
         torch.manual_seed(args.seed + 4)  # the head's initial weights and the feature noise
         head = EagleHead(target.config)
         state = train_head(head, eagle_loss, target, train_tokens, valid_tokens, config, work / "ckpt-eagle",
