@@ -15,7 +15,8 @@ import torch
 from specbook import Sampler, autoregressive_generate, speculative_generate
 from specbook.cache import attention_windows
 from specbook.drafters import EagleDrafter, MedusaDrafter, PromptLookupDrafter, TopKTreeDrafter
-from specbook.heads import EagleHead, MedusaHeads, target_features
+from specbook.heads import EagleHead, MedusaHeads
+from specbook.models import target_features
 
 from families import FAMILIES, SLIDING, VOCAB, WINDOW, hf_greedy, tiny_family_model
 

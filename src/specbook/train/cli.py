@@ -1,0 +1,164 @@
+"""``python -m specbook.train``: the stages, each resumable and skipped when its output exists."""
+
+import argparse
+import json
+import platform
+from dataclasses import asdict, replace
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from ..heads import EagleHead, MedusaHeads
+from .card import write_card
+from .corpus import build_corpus, encode_file, heldout_prompts, train_tokenizer
+from .heads import eagle_loss, medusa_loss, save_head, train_head
+from .loop import TrainConfig, copy_losses, evaluate, train_model
+from .models import MODEL_CONFIGS, blend, grow, load_trained, model_shape, new_model, save_model
+
+
+DESCRIPTION = "Reproducible training of the built-in Shakespeare model pair."
+STAGES = ("corpus", "tokenizer", "target", "copy", "draft", "medusa", "eagle", "card")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m specbook.train", description=DESCRIPTION)
+    parser.add_argument("--work", default="data/train", help="corpus, token ids and checkpoints (default: %(default)s)")
+    parser.add_argument("--out", default="src/specbook/assets/shakespeare", help="where the pair is saved")
+    parser.add_argument("--stages", default=",".join(STAGES), help="comma-separated stages to run (default: all)")
+    parser.add_argument("--shallow-layers", type=int, default=8, help="the target's depth in its first phase")
+    parser.add_argument("--shallow-steps", type=int, default=700, help="training steps of the first phase")
+    parser.add_argument("--target-steps", type=int, default=500, help="training steps after growing to full depth")
+    parser.add_argument("--copy-steps", type=int, default=1500, help="the copy stage's steps on repeated sequences")
+    parser.add_argument("--anneal-steps", type=int, default=200, help="the copy stage's steps on text after them")
+    parser.add_argument("--copy-mix", type=float, default=0.8,
+                        help="the copy stage's blend: weights = (1 - mix) before + mix after the stage")
+    parser.add_argument("--draft-steps", type=int, default=1200)
+    parser.add_argument("--medusa-steps", type=int, default=300)
+    parser.add_argument("--medusa-heads", type=int, default=4, help="how many Medusa heads (default: %(default)s)")
+    parser.add_argument("--eagle-steps", type=int, default=500)
+    parser.add_argument("--target-width", type=int, default=None, help="another target size: its hidden size")
+    parser.add_argument("--target-layers", type=int, default=None, help="another target size: its depth")
+    parser.add_argument("--draft-width", type=int, default=None, help="another draft size: its hidden size")
+    parser.add_argument("--draft-layers", type=int, default=None, help="another draft size: its depth")
+    parser.add_argument("--target-lr-scale", type=float, default=1.0,
+                        help="multiplies the target's learning rates (target and copy stages): a wider target "
+                             "wants a smaller rate, about 256 / its width (default: %(default)s)")
+    parser.add_argument("--ckpt-every", type=int, default=TrainConfig.ckpt_every,
+                        help="steps between training checkpoints; a large model's (float32 weights and Adam's "
+                             "moments, 12 bytes a parameter) takes seconds to write (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size,
+                        help="sequences per training step (default: %(default)s)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    work, out = Path(args.work), Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        shapes = {"target": model_shape(args.target_width, args.target_layers),
+                  "draft": model_shape(args.draft_width, args.draft_layers)}
+    except ValueError as error:
+        parser.error(str(error))
+    if not 0 <= args.copy_mix <= 1:
+        parser.error(f"--copy-mix must be in [0, 1], got {args.copy_mix}")
+    if args.shallow_layers > shapes["target"].get("num_hidden_layers", MODEL_CONFIGS["target"]["num_hidden_layers"]):
+        parser.error("--shallow-layers must not exceed the target's depth")
+    if args.ckpt_every < 1:
+        parser.error(f"--ckpt-every must be >= 1, got {args.ckpt_every}")
+    if args.target_lr_scale <= 0:
+        parser.error(f"--target-lr-scale must be > 0, got {args.target_lr_scale}")
+    sized = partial(TrainConfig, batch_size=args.batch_size, ckpt_every=args.ckpt_every)
+
+    def for_target(config):  # the target's learning rate, scaled for its width
+        return replace(config, lr=config.lr * args.target_lr_scale)
+    stages = set(args.stages.split(","))
+    unknown = stages - set(STAGES)
+    if unknown:
+        parser.error(f"--stages: unknown stage(s) {sorted(unknown)}; choose from {', '.join(STAGES)}")
+    hardware = {"device": args.device, "cpu": platform.processor() or platform.machine(),
+                "threads": torch.get_num_threads(), "torch": torch.__version__}
+    if args.device.startswith("cuda"):
+        hardware["gpu"] = torch.cuda.get_device_name(0)
+
+    if "corpus" in stages:
+        paths = build_corpus(work)
+        print({split: f"{path.stat().st_size / 1e6:.2f} MB" for split, path in paths.items()})
+        prompts = heldout_prompts(paths["valid"].read_text(encoding="utf-8"))
+        (out / "heldout_prompts.json").write_text(json.dumps(prompts, indent=1))
+    if "tokenizer" in stages:
+        train_tokenizer(work / "train.txt", out)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    train_tokens, valid_tokens = encode_file(tokenizer, work / "train.txt"), encode_file(tokenizer, work / "valid.txt")
+    print(f"tokens: train {len(train_tokens):,}, valid {len(valid_tokens):,}")
+
+    if "target" in stages:
+        # Two phases: a shallow target from scratch, then grown to the full depth and trained on.
+        shallow_config = for_target(sized(steps=args.shallow_steps, seed=args.seed))
+        shallow = new_model("target", tokenizer, args.seed, **{**shapes["target"],
+                                                               "num_hidden_layers": args.shallow_layers})
+        shallow_state = train_model(shallow, train_tokens, valid_tokens, shallow_config, work / "ckpt-target-shallow",
+                                    args.device, desc=f"target, {args.shallow_layers} layers")
+        config = for_target(sized(steps=args.target_steps, lr=1e-3, warmup=50, seed=args.seed + 2, copy_rate=0.25))
+        model = grow(shallow.cpu(), new_model("target", tokenizer, args.seed, **shapes["target"]))
+        state = train_model(model, train_tokens, valid_tokens, config, work / "ckpt-target", args.device, desc="target")
+        shallow_meta = {"layers": args.shallow_layers, "config": asdict(shallow_config), **shallow_state}
+        total = {"step": shallow_state["step"] + state["step"], "seconds": shallow_state["seconds"] + state["seconds"]}
+        save_model(model, out / "target", {"config": asdict(config), "hardware": hardware, **state, **total,
+                                           "grown_from": shallow_meta})
+    if "copy" in stages:
+        model = load_trained(out / "target", args.device)
+        before = {name: weight.clone() for name, weight in model.state_dict().items()}
+        meta = json.loads((out / "target" / "training.json").read_text())
+        phases = {
+            "induction": for_target(TrainConfig(steps=args.copy_steps, batch_size=16, block_size=128, lr=6e-4,
+                                                warmup=20, final_lr=1.0, seed=args.seed + 5, copy_rate=1.0,
+                                                repeat_rate=0.5, ckpt_every=args.ckpt_every)),
+            "anneal": for_target(sized(steps=args.anneal_steps, lr=3e-4, warmup=10, seed=args.seed + 6, copy_rate=0.5)),
+        }
+        meta["copy"] = {}
+        for name, config in phases.items():
+            state = train_model(model, train_tokens, valid_tokens, config, work / f"ckpt-target-{name}", args.device,
+                                desc=f"target, {name}")
+            meta["copy"][name] = {"config": asdict(config), **state}
+        model.load_state_dict(blend(before, model.state_dict(), args.copy_mix))
+        meta["copy"]["mix"] = args.copy_mix
+        meta["copy"]["copy_losses"] = copy_losses(model, valid_tokens.to(args.device))
+        save_model(model, out / "target", meta)
+    if "draft" in stages:
+        target = load_trained(out / "target", args.device)
+        for param in target.parameters():
+            param.requires_grad_(False)
+        config = sized(steps=args.draft_steps, lr=3e-3, seed=args.seed + 1)
+        for name, teacher in (("draft", target), ("draft-undistilled", None)):
+            model = new_model("draft", tokenizer, args.seed + 1, **shapes["draft"])
+            state = train_model(model, train_tokens, valid_tokens, config, work / f"ckpt-{name}", args.device,
+                                teacher=teacher, desc=name)
+            state["final"] = evaluate(model, valid_tokens, config, args.device, teacher=target)
+            meta = {"config": asdict(config), "hardware": hardware, "distilled": teacher is not None, **state}
+            save_model(model, out / name, meta)
+    if stages & {"medusa", "eagle"}:
+        target = load_trained(out / "target", args.device).requires_grad_(False)
+    if "medusa" in stages:
+        config = TrainConfig(steps=args.medusa_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 3,
+                             ckpt_every=args.ckpt_every)
+        heads = MedusaHeads(target.config.hidden_size, args.medusa_heads)
+        state = train_head(heads, medusa_loss, target, train_tokens, valid_tokens, config, work / "ckpt-medusa",
+                           args.device, desc="medusa")
+        save_head(heads, out / "medusa", {"config": asdict(config), "hardware": hardware, **state})
+    if "eagle" in stages:
+        config = TrainConfig(steps=args.eagle_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 4,
+                             ckpt_every=args.ckpt_every)
+        torch.manual_seed(args.seed + 4)  # the head's initial weights and the feature noise
+        head = EagleHead(target.config)
+        state = train_head(head, eagle_loss, target, train_tokens, valid_tokens, config, work / "ckpt-eagle",
+                           args.device, desc="eagle")
+        save_head(head, out / "eagle", {"config": asdict(config), "hardware": hardware, **state})
+    if "card" in stages:
+        from ..bench import machine
+        write_card(out, work, {"machine": machine()})
