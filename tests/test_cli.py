@@ -67,6 +67,13 @@ def test_the_gpu_suite_writes_a_results_file(tmp_path, capsys):
     assert "best k=2" in capsys.readouterr().out
 
 
+def test_the_profile_suite_splits_a_step_for_each_k(capsys):
+    main(["bench", "--suite", "profile", "--prompts", "open", "--ks", "1,3", "--max-new-tokens", "6"])
+    out = capsys.readouterr().out
+    assert "milliseconds per step" in out and "target call" in out and "engine" in out
+    assert len(out.strip().splitlines()) == 4  # a title, the header, one row per K
+
+
 def test_the_heads_suite_refuses_another_pair(capsys):
     """The heads were trained on the built-in target: refused before anything is loaded (no download)."""
     with pytest.raises(SystemExit):

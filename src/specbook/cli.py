@@ -4,6 +4,7 @@
     python -m specbook bench --prompts grounded --ks 1,2,4,6 --out bench.csv
     python -m specbook bench --suite heads --ks 4
     python -m specbook bench --suite gpu --device cuda --dtype bfloat16 --json results/gpu.json
+    python -m specbook bench --suite profile --ks 2,4
     python -m specbook chat
 """
 
@@ -17,6 +18,7 @@ from .bench import (PROMPT_SETS, ablation, comparison, gpu_benchmark, heads_and_
                     write_results)
 from .decoding import autoregressive_generate, speculative_generate
 from .models import BUILT_IN, load_pair
+from .profile import step_profile
 from .sampling import Sampler
 from .viz import render_trace
 
@@ -95,6 +97,8 @@ def bench(args):
     pair = _load(args)
     if args.suite == "gpu":
         return _gpu_bench(pair, args)
+    if args.suite == "profile":
+        return _profile(pair, args)
     sampler = Sampler(args.temperature, args.top_k, args.top_p)
     if args.suite == "comparison":
         methods = comparison(pair, sampler, args.max_new_tokens, args.ks, args.hf)
@@ -126,6 +130,20 @@ def _gpu_bench(pair, args):
     if args.json:
         write_results(results, args.json)
         print(f"written to {args.json}", file=sys.stderr)
+
+
+def _profile(pair, args):
+    """Milliseconds per speculative step, split into parts (`specbook.profile.step_profile`), one row per K."""
+    import pandas as pd
+
+    prompts = [pair.encode(text) for text in PROMPT_SETS["open" if args.prompts == "both" else args.prompts]]
+    sampler = Sampler(args.temperature, args.top_k, args.top_p)
+    rows = []
+    for k in args.ks:
+        profile = step_profile(pair.target, pair.draft, prompts, k, args.max_new_tokens, sampler, args.seed)
+        rows.append({"k": k, **profile["ms_per_step"], "tokens_per_step": profile["tokens_per_step"]})
+    print(f"milliseconds per step on {machine()}")
+    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 
 
 CHAT_HELP = """Commands:
@@ -203,12 +221,13 @@ def main(argv=None):
     _add_model_options(gen)
     _add_sampling_options(gen)
     ben = commands.add_parser("bench", help="benchmark AR, speculative (several K) and HF assisted generation")
-    ben.add_argument("--suite", choices=["comparison", "ablation", "heads", "gpu"], default="comparison",
+    ben.add_argument("--suite", choices=["comparison", "ablation", "heads", "gpu", "profile"], default="comparison",
                      help="comparison: AR, speculative for each K, HF assisted (chapter 4); ablation: model "
                           "drafter, EGAG, NASD, prompt lookup (chapter 5); heads: the model drafter as a chain "
                           "and a tree, Medusa and EAGLE (chapter 6, built-in pair only); gpu: the GPU path "
                           "(static caches, compiled steps) against AR and HF assisted, greedy and sampled, "
-                          "written with --json (chapter 4)")
+                          "written with --json (chapter 4); profile: where a speculative step's time goes, "
+                          "for each K (specbook.profile)")
     ben.add_argument("--prompts", choices=["open", "grounded", "both"], default="both")
     ben.add_argument("--ks", type=lambda text: [_positive_int(k) for k in text.split(",")], default=[1, 2, 3, 4, 6],
                      help="draft lengths (default: 1,2,3,4,6; the ablation sweeps the model drafter over them "

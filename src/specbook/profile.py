@@ -1,0 +1,91 @@
+"""Where a speculative step's time goes: drafting, the target call, probabilities, verification, rollback.
+
+`step_profile` runs `speculative_generate` unchanged and times, from the outside, the parts the
+engine calls (each wrapped for the run and restored after): the drafter's ``propose`` (the draft
+model's forward passes and its sampling), the target's forward (`decoding._target_forward`), the
+target's probabilities (``Sampler.probs`` outside drafting), verification (`verify_chain` or
+`verify_tree`), and the rollback of both caches (`cache.rollback` and the drafter's ``update``).
+What is left of a step's wall time is the engine's own bookkeeping. Times are exclusive: a part
+called inside another counts once, in the innermost. On a GPU every boundary synchronises, so the
+profile slows the run down a little and says where the time goes, not how fast the run is.
+
+Chapter 3's formula puts a step at K draft calls plus one target call; the rest is what an engine
+adds: part of the gap between the formula's speedup and the measured one (chapter 4).
+"""
+
+import time
+from contextlib import ExitStack
+from unittest import mock
+
+import torch
+
+from . import decoding
+from .decoding import speculative_generate
+from .drafters import ModelDrafter
+from .sampling import Sampler
+
+PARTS = ("draft", "target call", "probabilities", "verification", "rollback", "prefill")
+WRAPPED = [(decoding, "_target_forward", "target call"), (decoding, "verify_chain", "verification"),
+           (decoding, "verify_tree", "verification"), (decoding, "rollback", "rollback"),
+           (decoding, "_prefill", "prefill"), (Sampler, "probs", "probabilities")]  # (owner, attribute, part)
+
+
+class _Timer:
+    """Exclusive wall time per part: entering a part pauses the one it was called from."""
+
+    def __init__(self, device):
+        self.seconds = dict.fromkeys(PARTS, 0.0)
+        self.stack = []  # [part, started]
+        self.cuda = torch.device(device).type == "cuda"
+
+    def _now(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def wrap(self, part, function):
+        def timed(*args, **kwargs):
+            if self.stack and self.stack[-1][0] == "draft":  # the draft's own probabilities are drafting
+                return function(*args, **kwargs)
+            now = self._now()
+            if self.stack:
+                outer = self.stack[-1]
+                self.seconds[outer[0]] += now - outer[1]
+            self.stack.append([part, now])
+            try:
+                return function(*args, **kwargs)
+            finally:
+                now = self._now()
+                self.seconds[part] += now - self.stack.pop()[1]
+                if self.stack:
+                    self.stack[-1][1] = now
+        return timed
+
+
+def step_profile(target, drafter, prompts, k=4, max_new_tokens=64, sampler=Sampler(0), seed=0, **path) -> dict:
+    """Milliseconds per speculative step, split into parts, over ``prompts`` ((1, T) tensors).
+
+    ``drafter`` is a `Drafter` (or a draft model); ``path`` the GPU path's ``cache`` and ``compile``.
+    Returns ``{"steps": n, "ms_per_step": {part: ms, ..., "engine": ms}, "tokens_per_step": float}``,
+    where ``engine`` is what the parts leave of the generation's wall time, prefill excluded. The
+    first prompt runs once untimed first (lazy initialisation, compilation).
+    """
+    if isinstance(drafter, torch.nn.Module):
+        drafter = ModelDrafter(drafter, **path)
+    speculative_generate(target, drafter, prompts[0], max_new_tokens, k, sampler, seed, **path)
+    timer = _Timer(target.device)
+    total, steps, tokens = 0.0, 0, 0
+    with ExitStack() as patches:
+        for module, name, part in WRAPPED:
+            patches.enter_context(mock.patch.object(module, name, timer.wrap(part, getattr(module, name))))
+        patches.enter_context(mock.patch.object(drafter, "propose", timer.wrap("draft", drafter.propose)))
+        patches.enter_context(mock.patch.object(drafter, "update", timer.wrap("rollback", drafter.update)))
+        for input_ids in prompts:
+            started = timer._now()
+            generation = speculative_generate(target, drafter, input_ids, max_new_tokens, k, sampler, seed, **path)
+            total += timer._now() - started
+            steps += len(generation.steps)
+            tokens += len(generation.token_ids)
+    parts = {part: 1000 * seconds / steps for part, seconds in timer.seconds.items() if part != "prefill"}
+    parts["engine"] = 1000 * (total - sum(timer.seconds.values())) / steps
+    return {"steps": steps, "ms_per_step": parts, "tokens_per_step": tokens / steps}
