@@ -26,7 +26,7 @@ def test_a_step_splits_into_its_parts_and_the_engine(pair, tree):
     assert profile["steps"] > 0 and 1 <= profile["tokens_per_step"] <= 4
     for part in ("draft", "target call", "probabilities", "verification", "rollback"):
         assert parts[part] > 0, part
-    assert parts["engine"] > -0.05  # what the parts leave: never much below zero (timer rounding)
+    assert parts["engine"] >= 0  # what the parts leave of the wall time
 
 
 def test_the_profile_leaves_the_engine_as_it_found_it(pair):

@@ -87,5 +87,6 @@ def step_profile(target, drafter, prompts, k=4, max_new_tokens=64, sampler=Sampl
             steps += len(generation.steps)
             tokens += len(generation.token_ids)
     parts = {part: 1000 * seconds / steps for part, seconds in timer.seconds.items() if part != "prefill"}
-    parts["engine"] = 1000 * (total - sum(timer.seconds.values())) / steps
+    # the parts are disjoint intervals of the total, so only rounding could take the remainder below zero
+    parts["engine"] = max(0.0, 1000 * (total - sum(timer.seconds.values())) / steps)
     return {"steps": steps, "ms_per_step": parts, "tokens_per_step": tokens / steps}
