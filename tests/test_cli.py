@@ -53,6 +53,7 @@ def test_bench_writes_a_csv(tmp_path, capsys, suite, rows):
     table = pd.read_csv(out)
     assert len(table) == rows and table["same_tokens"].all()
     assert {"method", "speedup", "tokens_per_call", "acceptance_rate", "machine", "prompts"} <= set(table.columns)
+    assert (table["bandwidth_gb_s"] > 0).all() and "copy bandwidth is" in capsys.readouterr().out
 
 
 def test_the_gpu_suite_writes_a_results_file(tmp_path, capsys):

@@ -183,7 +183,7 @@ def test_gpu_benchmark_writes_a_complete_results_file(models, device, tmp_path):
     """The benchmark's results file, on tiny models (on a CPU its numbers mean nothing; its shape is checked)."""
     from types import SimpleNamespace
 
-    from specbook.bench import gpu_benchmark, read_results, write_results
+    from specbook.gpu import gpu_benchmark, read_results, write_results
 
     target, draft = models
     pair = SimpleNamespace(name="tiny", target=target, draft=draft)
@@ -192,12 +192,14 @@ def test_gpu_benchmark_writes_a_complete_results_file(models, device, tmp_path):
     for key in ("device", "driver", "torch", "transformers", "date", "models", "settings", "best", "results"):
         assert key in results
     assert set(results["best"]) == {"greedy", "temperature 1"}
-    assert {"alpha", "c", "target", "draft"} <= set(results["models"])
+    assert {"alpha", "c", "target", "draft", "copy_bandwidth_gb_s"} <= set(results["models"])
+    assert results["models"]["copy_bandwidth_gb_s"] > 0
     greedy = [row for row in results["results"] if row["sampling"] == "greedy"]
     assert [row["method"] for row in greedy] == ["autoregressive", "autoregressive, eager", "speculative k=1",
                                                  "speculative k=3", "HF assisted (its schedule)", "HF assisted k=1",
                                                  "HF assisted k=3"]
     assert all(row["same_tokens_as_ar"] for row in greedy)  # lossless, and Hugging Face agrees
+    assert all(row["bandwidth_gb_s"] > 0 for row in greedy)
     assert all(row["speedup_vs_hf"] > 0 for row in greedy if row["method"].startswith("speculative"))
     write_results(results, tmp_path / "gpu.json")
     assert read_results(tmp_path / "gpu.json") == results

@@ -3,7 +3,9 @@ import torch
 
 from specbook import decoding
 from specbook.drafters import ModelDrafter, TopKTreeDrafter
-from specbook.profile import PARTS, step_profile
+from specbook.bench import autoregressive, run_benchmark, speculative
+from specbook.models import weight_bytes
+from specbook.profile import PARTS, copy_bandwidth, step_profile
 from specbook.sampling import Sampler
 
 from support import tiny_model
@@ -37,3 +39,22 @@ def test_the_profile_leaves_the_engine_as_it_found_it(pair):
     step_profile(target, drafter, PROMPTS, k=3, max_new_tokens=12)
     assert decoding._target_forward is forward and "propose" not in vars(drafter)
     assert decoding.speculative_generate(target, drafter, PROMPTS[0], 12, k=3, sampler=greedy).token_ids == before
+
+
+def test_weight_bytes_count_a_tied_matrix_once():
+    model = tiny_model(seed=3)
+    untied = weight_bytes(model)
+    assert untied == 4 * sum(param.numel() for param in model.parameters())  # float32
+    embedding = model.get_input_embeddings().weight
+    model.get_output_embeddings().weight = embedding  # tied by hand: one matrix read by both ends
+    assert weight_bytes(model) == untied - 4 * embedding.numel()
+    assert weight_bytes(model.half()) == (untied - 4 * embedding.numel()) // 2
+
+
+def test_benchmark_rows_report_the_bandwidth_their_speed_implies(pair):
+    target, draft = pair
+    rows = run_benchmark([autoregressive(target, Sampler(0), 12), speculative(target, draft, 3, Sampler(0), 12)],
+                         PROMPTS, repeats=1, progress=False)
+    for row in rows:
+        assert row["bandwidth_gb_s"] == pytest.approx(weight_bytes(target) * row["tokens"] / row["seconds"] / 1e9)
+    assert copy_bandwidth(megabytes=8, repeats=2) > 0

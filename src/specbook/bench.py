@@ -6,14 +6,10 @@ ratios of times measured in the same run, against autoregressive decoding of the
 against Hugging Face's ``generate(assistant_model=...)``), never against numbers from another run.
 """
 
-import datetime
-import json
 import platform
 import statistics
-import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -21,6 +17,7 @@ from tqdm.auto import tqdm
 from .decoding import autoregressive_generate, speculative_generate
 from .drafters import ModelDrafter
 from .drafters.medusa import DEFAULT_TREE
+from .models import weight_bytes
 from .sampling import Sampler
 from .trees import TreeSpec
 
@@ -44,6 +41,9 @@ INPUT_GROUNDED = [
 PROMPT_SETS = {"open": OPEN_ENDED, "grounded": INPUT_GROUNDED}
 
 
+NAN = float("nan")  # a column a method has nothing to report in
+
+
 @dataclass
 class Method:
     """One row of a benchmark: a name and a function (input_ids, seed) -> (token_ids, stats or None)."""
@@ -51,6 +51,7 @@ class Method:
     name: str
     run: object
     k: int | None = None
+    weight_bytes: int = 0  # the target's weights, which every target call reads
 
 
 def autoregressive(target, sampler, max_new_tokens, **path):
@@ -58,7 +59,7 @@ def autoregressive(target, sampler, max_new_tokens, **path):
     def run(input_ids, seed):
         result = autoregressive_generate(target, input_ids, max_new_tokens, sampler, seed, **path)
         return result.token_ids, result.stats
-    return Method("autoregressive", run)
+    return Method("autoregressive", run, weight_bytes=weight_bytes(target))
 
 
 def speculative(target, drafter, k, sampler, max_new_tokens, name=None, **path):
@@ -69,7 +70,7 @@ def speculative(target, drafter, k, sampler, max_new_tokens, name=None, **path):
     def run(input_ids, seed):
         result = speculative_generate(target, drafter, input_ids, max_new_tokens, k, sampler, seed, **path)
         return result.token_ids, result.stats
-    return Method(label, run, k if isinstance(k, int) else None)
+    return Method(label, run, k if isinstance(k, int) else None, weight_bytes(target))
 
 
 def hugging_face_assisted(target, draft, sampler, max_new_tokens, k=None):
@@ -108,7 +109,7 @@ def hugging_face_assisted(target, draft, sampler, max_new_tokens, k=None):
             for name, value in saved.items():
                 setattr(draft.generation_config, name, value)
         return output[0, input_ids.shape[1]:].tolist(), None
-    return Method("HF assisted" + (f" k={k}" if k is not None else " (its schedule)"), run, k)
+    return Method("HF assisted" + (f" k={k}" if k is not None else " (its schedule)"), run, k, weight_bytes(target))
 
 
 def comparison(pair, sampler, max_new_tokens, ks=(1, 2, 3, 4, 6), hf=True):
@@ -192,7 +193,10 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
     the baseline (autoregressive): ``speedup`` is its time over each method's. ``same_tokens`` says
     whether a method produced exactly the baseline's tokens on every prompt (expected in greedy
     mode); ``draft_calls_per_token`` counts the drafter's forward passes (model or head calls) per
-    token, from the last round. Each method runs once untimed first, to pay for lazy initialisation;
+    token, from the last round; ``bandwidth_gb_s`` the target's weight bytes times tokens per second
+    (gpt-fast's "bandwidth achieved": past the machine's copy bandwidth, `specbook.profile.copy_bandwidth`,
+    only a method that makes several tokens per read of the weights can go). Each method runs once
+    untimed first, to pay for lazy initialisation;
     ``warm_every_prompt`` runs it untimed on every prompt, so that compiled steps meet every input
     length the timed runs will (the last step of a speculative run verifies fewer drafts).
     """
@@ -218,6 +222,7 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
         measured = [s for s in method_stats if s is not None]
         rows.append({"method": method.name, "k": method.k, "seconds": seconds, "tokens": tokens,
                      "ms_per_token": 1000 * seconds / tokens,
+                     "bandwidth_gb_s": method.weight_bytes * tokens / seconds / 1e9 if method.weight_bytes else NAN,
                      "acceptance_rate": _mean([s.acceptance_rate for s in measured]),
                      "tokens_per_call": _mean([s.tokens_per_step for s in measured]),
                      "draft_calls_per_token": sum(s.draft_calls for s in measured) / tokens if measured else float("nan")})
@@ -305,91 +310,3 @@ def measure_alpha(target, draft, prompts, new_tokens=64, seed=0):
 
 
 # ----------------------------------------------------------------------------- the GPU benchmark
-
-def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, repeats=5, temperatures=(0.0, 1.0),
-                  compile=True, seed=0, progress=True) -> dict:
-    """Speculative decoding on the GPU path against autoregressive decoding and Hugging Face, as a results dict.
-
-    For each temperature (0 is greedy), on the same ``prompts`` ((1, T) tensors on the pair's device)
-    and in one run: autoregressive decoding on the GPU path (static cache, compiled steps when
-    ``compile``: the baseline, ``speedup_vs_ar``), the same without the GPU path (eager, dynamic
-    cache), speculative decoding on the GPU path for each K, and Hugging Face's assisted generation
-    with its own draft-length schedule and with each fixed K. ``speedup_vs_hf`` compares a
-    speculative row with Hugging Face at the same K; ``best`` the fastest speculative K with
-    Hugging Face's fastest row. The pair's α (`measure_alpha`, on ``prompts``) and c (per-token
-    latencies on the GPU path) say what was measured. `write_results` stores it as JSON.
-    """
-    path = dict(cache="static", compile=compile)
-    target, draft = pair.target, pair.draft
-    rows, best = [], {}
-    for temperature in temperatures:
-        sampler, sampling = Sampler(temperature), "greedy" if temperature == 0 else f"temperature {temperature:g}"
-        eager = autoregressive(target, sampler, max_new_tokens)
-        eager.name = "autoregressive, eager"
-        methods = [autoregressive(target, sampler, max_new_tokens, **path), eager]
-        methods += [speculative(target, draft, k, sampler, max_new_tokens, **path) for k in ks]
-        methods += [hugging_face_assisted(target, draft, sampler, max_new_tokens)]
-        methods += [hugging_face_assisted(target, draft, sampler, max_new_tokens, k=k) for k in ks]
-        measured = run_benchmark(methods, prompts, repeats, seed, progress, warm_every_prompt=compile)
-        hf = {row["k"]: row for row in measured if row["method"].startswith("HF")}
-        fastest_hf = min(hf.values(), key=lambda row: row["seconds"])
-        for row in measured:
-            speculative_row = row["method"].startswith("speculative")
-            rows.append({"sampling": sampling, "method": row["method"], "k": row["k"],
-                         "ms_per_token": row["ms_per_token"], "speedup_vs_ar": row["speedup"],
-                         "speedup_vs_hf": hf[row["k"]]["seconds"] / row["seconds"] if speculative_row else None,
-                         "tokens_per_call": _or_none(row["tokens_per_call"]),
-                         "acceptance_rate": _or_none(row["acceptance_rate"]),
-                         "same_tokens_as_ar": row["same_tokens"]})
-        fastest = max((row for row in measured if row["method"].startswith("speculative")), key=lambda r: r["speedup"])
-        best[sampling] = {"k": fastest["k"], "speedup_vs_ar": fastest["speedup"],
-                          "speedup_vs_hf": hf[fastest["k"]]["seconds"] / fastest["seconds"],
-                          "speedup_vs_fastest_hf": fastest_hf["seconds"] / fastest["seconds"],
-                          "fastest_hf": fastest_hf["method"]}
-    latency = {name: decode_latency(model, prompts[0], max_new_tokens, repeats, **path)
-               for name, model in (("target", target), ("draft", draft))}
-    models = {"pair": pair.name, "alpha": measure_alpha(target, draft, prompts, seed=seed),
-              "c": latency["draft"] / latency["target"],
-              **{name: _describe(model, latency[name]) for name, model in (("target", target), ("draft", draft))}}
-    settings = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "repeats": repeats, "ks": list(ks),
-                "cache": "static", "compile": compile, "batch_size": 1}
-    return {**environment(), "date": datetime.date.today().isoformat(), "models": models, "settings": settings,
-            "best": best, "results": rows}
-
-
-def _or_none(value):
-    """NaN (nothing measured: no drafts) as None, which JSON can hold."""
-    return None if value != value else value
-
-
-def _describe(model, seconds_per_token):
-    config = model.config
-    return {"parameters": sum(p.numel() for p in model.parameters()), "layers": config.num_hidden_layers,
-            "hidden_size": config.hidden_size, "dtype": str(model.dtype).removeprefix("torch."),
-            "ms_per_token": 1000 * seconds_per_token}
-
-
-def environment() -> dict:
-    """The device, its driver and the library versions, for a results file."""
-    import transformers
-
-    found = {"device": machine(), "driver": None, "cuda": torch.version.cuda, "torch": torch.__version__,
-             "transformers": transformers.__version__, "python": platform.python_version()}
-    if torch.cuda.is_available():
-        try:
-            found["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                             capture_output=True, text=True, check=True).stdout.split()[0]
-        except (OSError, subprocess.CalledProcessError, IndexError):
-            pass
-    return found
-
-
-def write_results(results: dict, path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(results, indent=1) + "\n")
-
-
-def read_results(path) -> dict | None:
-    """A results file written by `write_results`, or None when there is none."""
-    path = Path(path)
-    return json.loads(path.read_text()) if path.exists() else None

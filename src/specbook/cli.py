@@ -14,11 +14,11 @@ import sys
 
 import torch
 
-from .bench import (PROMPT_SETS, ablation, comparison, gpu_benchmark, heads_and_trees, machine, run_benchmark,
-                    write_results)
+from .bench import PROMPT_SETS, ablation, comparison, heads_and_trees, machine, run_benchmark
 from .decoding import autoregressive_generate, speculative_generate
+from .gpu import gpu_benchmark, write_results
 from .models import BUILT_IN, load_pair
-from .profile import step_profile
+from .profile import copy_bandwidth, step_profile
 from .sampling import Sampler
 from .viz import render_trace
 
@@ -113,13 +113,15 @@ def bench(args):
         frames.append(frame.assign(prompts=name))
     table = pd.concat(frames, ignore_index=True).assign(machine=machine())
     print(table.drop(columns="machine").to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"bandwidth_gb_s: the target's weights read per second if every token read them once; this machine's "
+          f"copy bandwidth is {copy_bandwidth(pair.target.device):.1f} GB/s")
     if args.out:
         table.to_csv(args.out, index=False)
         print(f"written to {args.out}", file=sys.stderr)
 
 
 def _gpu_bench(pair, args):
-    """The GPU benchmark (`specbook.bench.gpu_benchmark`), greedy and at temperature 1, written as JSON."""
+    """The GPU benchmark (`specbook.gpu.gpu_benchmark`), greedy and at temperature 1, written as JSON."""
     prompts = [pair.encode(text) for text in PROMPT_SETS["open" if args.prompts == "both" else args.prompts]]
     results = gpu_benchmark(pair, prompts, args.ks, args.max_new_tokens, args.repeats, compile=args.compile,
                             seed=args.seed)

@@ -65,6 +65,11 @@ def target_features(target, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
     return target.get_decoder()(input_ids, **kwargs).last_hidden_state
 
 
+def weight_bytes(model: torch.nn.Module) -> int:
+    """The bytes of a model's weights, a tied matrix once: what a decoding step at batch one reads."""
+    return sum(param.numel() * param.element_size() for param in model.parameters())
+
+
 def check_token_ids(input_ids: torch.Tensor, model: torch.nn.Module, name: str = "input_ids") -> None:
     """Refuse token ids that ``model`` cannot embed: each must be in [0, rows of its input embedding)."""
     if input_ids.is_floating_point() or input_ids.dtype == torch.bool:

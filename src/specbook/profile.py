@@ -13,6 +13,7 @@ Chapter 3's formula puts a step at K draft calls plus one target call; the rest 
 adds: part of the gap between the formula's speedup and the measured one (chapter 4).
 """
 
+import statistics
 import time
 from contextlib import ExitStack
 from unittest import mock
@@ -60,6 +61,19 @@ class _Timer:
                 if self.stack:
                     self.stack[-1][1] = now
         return timed
+
+
+def copy_bandwidth(device="cpu", megabytes=256, repeats=5) -> float:
+    """The device's memory bandwidth in GB/s: the bytes a large copy reads plus those it writes, over its
+    median time. The ceiling a decoding step that reads every weight once can approach at batch one."""
+    source = torch.ones(megabytes * 2**20 // 4, device=device)  # float32
+    target = torch.empty_like(source)
+    timer, times = _Timer(device), []
+    for _ in range(repeats + 1):  # the first copy is a warm-up
+        started = timer._now()
+        target.copy_(source)
+        times.append(timer._now() - started)
+    return 2 * source.numel() * source.element_size() / statistics.median(times[1:]) / 1e9
 
 
 def step_profile(target, drafter, prompts, k=4, max_new_tokens=64, sampler=Sampler(0), seed=0, **path) -> dict:

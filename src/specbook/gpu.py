@@ -1,0 +1,109 @@
+"""The GPU benchmark: speculative decoding on the GPU path against autoregressive decoding and Hugging
+Face's assisted generation, greedy and sampled, and the results file it writes (``results/gpu.json``,
+shown in chapter 4, §4.12). Every ratio comes from one run; the file names the device, its driver and
+the library versions.
+"""
+
+import datetime
+import json
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+from .bench import (autoregressive, decode_latency, hugging_face_assisted, machine, measure_alpha, run_benchmark,
+                    speculative)
+from .profile import copy_bandwidth
+from .sampling import Sampler
+
+
+def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, repeats=5, temperatures=(0.0, 1.0),
+                  compile=True, seed=0, progress=True) -> dict:
+    """Speculative decoding on the GPU path against autoregressive decoding and Hugging Face, as a results dict.
+
+    For each temperature (0 is greedy), on the same ``prompts`` ((1, T) tensors on the pair's device)
+    and in one run: autoregressive decoding on the GPU path (static cache, compiled steps when
+    ``compile``: the baseline, ``speedup_vs_ar``), the same without the GPU path (eager, dynamic
+    cache), speculative decoding on the GPU path for each K, and Hugging Face's assisted generation
+    with its own draft-length schedule and with each fixed K. ``speedup_vs_hf`` compares a
+    speculative row with Hugging Face at the same K; ``best`` the fastest speculative K with
+    Hugging Face's fastest row. The pair's α (`measure_alpha`, on ``prompts``) and c (per-token
+    latencies on the GPU path) say what was measured. `write_results` stores it as JSON.
+    """
+    path = dict(cache="static", compile=compile)
+    target, draft = pair.target, pair.draft
+    rows, best = [], {}
+    for temperature in temperatures:
+        sampler, sampling = Sampler(temperature), "greedy" if temperature == 0 else f"temperature {temperature:g}"
+        eager = autoregressive(target, sampler, max_new_tokens)
+        eager.name = "autoregressive, eager"
+        methods = [autoregressive(target, sampler, max_new_tokens, **path), eager]
+        methods += [speculative(target, draft, k, sampler, max_new_tokens, **path) for k in ks]
+        methods += [hugging_face_assisted(target, draft, sampler, max_new_tokens)]
+        methods += [hugging_face_assisted(target, draft, sampler, max_new_tokens, k=k) for k in ks]
+        measured = run_benchmark(methods, prompts, repeats, seed, progress, warm_every_prompt=compile)
+        hf = {row["k"]: row for row in measured if row["method"].startswith("HF")}
+        fastest_hf = min(hf.values(), key=lambda row: row["seconds"])
+        for row in measured:
+            speculative_row = row["method"].startswith("speculative")
+            rows.append({"sampling": sampling, "method": row["method"], "k": row["k"],
+                         "ms_per_token": row["ms_per_token"], "bandwidth_gb_s": row["bandwidth_gb_s"],
+                         "speedup_vs_ar": row["speedup"],
+                         "speedup_vs_hf": hf[row["k"]]["seconds"] / row["seconds"] if speculative_row else None,
+                         "tokens_per_call": _or_none(row["tokens_per_call"]),
+                         "acceptance_rate": _or_none(row["acceptance_rate"]),
+                         "same_tokens_as_ar": row["same_tokens"]})
+        fastest = max((row for row in measured if row["method"].startswith("speculative")), key=lambda r: r["speedup"])
+        best[sampling] = {"k": fastest["k"], "speedup_vs_ar": fastest["speedup"],
+                          "speedup_vs_hf": hf[fastest["k"]]["seconds"] / fastest["seconds"],
+                          "speedup_vs_fastest_hf": fastest_hf["seconds"] / fastest["seconds"],
+                          "fastest_hf": fastest_hf["method"]}
+    latency = {name: decode_latency(model, prompts[0], max_new_tokens, repeats, **path)
+               for name, model in (("target", target), ("draft", draft))}
+    models = {"pair": pair.name, "alpha": measure_alpha(target, draft, prompts, seed=seed),
+              "copy_bandwidth_gb_s": copy_bandwidth(target.device),
+              "c": latency["draft"] / latency["target"],
+              **{name: _describe(model, latency[name]) for name, model in (("target", target), ("draft", draft))}}
+    settings = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "repeats": repeats, "ks": list(ks),
+                "cache": "static", "compile": compile, "batch_size": 1}
+    return {**environment(), "date": datetime.date.today().isoformat(), "models": models, "settings": settings,
+            "best": best, "results": rows}
+
+
+def _or_none(value):
+    """NaN (nothing measured: no drafts) as None, which JSON can hold."""
+    return None if value != value else value
+
+
+def _describe(model, seconds_per_token):
+    config = model.config
+    return {"parameters": sum(p.numel() for p in model.parameters()), "layers": config.num_hidden_layers,
+            "hidden_size": config.hidden_size, "dtype": str(model.dtype).removeprefix("torch."),
+            "ms_per_token": 1000 * seconds_per_token}
+
+
+def environment() -> dict:
+    """The device, its driver and the library versions, for a results file."""
+    import transformers
+
+    found = {"device": machine(), "driver": None, "cuda": torch.version.cuda, "torch": torch.__version__,
+             "transformers": transformers.__version__, "python": platform.python_version()}
+    if torch.cuda.is_available():
+        try:
+            found["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                             capture_output=True, text=True, check=True).stdout.split()[0]
+        except (OSError, subprocess.CalledProcessError, IndexError):
+            pass
+    return found
+
+
+def write_results(results: dict, path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(results, indent=1) + "\n")
+
+
+def read_results(path) -> dict | None:
+    """A results file written by `write_results`, or None when there is none."""
+    path = Path(path)
+    return json.loads(path.read_text()) if path.exists() else None
