@@ -58,3 +58,12 @@ def test_benchmark_rows_report_the_bandwidth_their_speed_implies(pair):
     for row in rows:
         assert row["bandwidth_gb_s"] == pytest.approx(weight_bytes(target) * row["tokens"] / row["seconds"] / 1e9)
     assert copy_bandwidth(megabytes=8, repeats=2) > 0
+
+
+def test_decode_latency_leaves_the_prefill_out(pair):
+    from specbook.bench import decode_latency
+
+    target, _ = pair
+    assert decode_latency(target, PROMPTS[0], new_tokens=6, repeats=1) > 0
+    with pytest.raises(ValueError, match="new_tokens must be >= 2"):
+        decode_latency(target, PROMPTS[0], new_tokens=1)

@@ -254,15 +254,24 @@ def machine() -> str:
 def decode_latency(model, input_ids, new_tokens=64, repeats=3, **path):
     """Median seconds per decoded token (batch 1, KV cache, greedy) after prefilling ``input_ids``.
 
-    ``path``: the GPU path's ``cache`` and ``compile`` options; a compiled model is warmed up first."""
-    if path.get("compile"):
-        autoregressive_generate(model, input_ids, new_tokens, Sampler(0), **path)
-    times = []
-    for _ in range(repeats):
-        started = _clock()
-        autoregressive_generate(model, input_ids, new_tokens, Sampler(0), **path)
-        times.append((_clock() - started) / new_tokens)
-    return statistics.median(times)
+    The time of ``new_tokens - 1`` decoding steps: a run of ``new_tokens`` minus a run of one (each
+    the median of ``repeats``), so the prompt's prefill and the setup cancel out; on a GPU the
+    prefill runs uncompiled and would otherwise inflate every step. ``path``: the GPU path's
+    ``cache`` and ``compile`` options; the model runs once untimed first (lazy initialisation,
+    compilation)."""
+    if new_tokens < 2:
+        raise ValueError(f"new_tokens must be >= 2: one run is subtracted from another (got {new_tokens})")
+
+    def run_seconds(tokens):
+        times = []
+        for _ in range(repeats):
+            started = _clock()
+            autoregressive_generate(model, input_ids, tokens, Sampler(0), **path)
+            times.append(_clock() - started)
+        return statistics.median(times)
+
+    autoregressive_generate(model, input_ids, new_tokens, Sampler(0), **path)
+    return (run_seconds(new_tokens) - run_seconds(1)) / (new_tokens - 1)
 
 
 def acceptance(target, drafter, prompts: list[torch.Tensor], new_tokens: int = 64, k: int = 4) -> dict:
