@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from specbook import decoding
+from specbook.bench import autoregressive, decode_latency, run_benchmark, speculative
 from specbook.drafters import ModelDrafter, TopKTreeDrafter
-from specbook.bench import autoregressive, run_benchmark, speculative
 from specbook.models import weight_bytes
 from specbook.profile import PARTS, copy_bandwidth, step_profile
 from specbook.sampling import Sampler
@@ -13,14 +13,8 @@ from support import tiny_model
 PROMPTS = [torch.tensor([[3, 14, 15, 9, 2, 6, 5]]), torch.tensor([[1, 2, 3]])]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_model(seed=0), tiny_model(hidden_size=16, num_layers=1, seed=1)
-
-
 @pytest.mark.parametrize("tree", [False, True])
-def test_a_step_splits_into_its_parts_and_the_engine(pair, tree):
-    target, draft = pair
+def test_a_step_splits_into_its_parts_and_the_engine(target, draft, tree):
     drafter = TopKTreeDrafter(draft) if tree else ModelDrafter(draft)
     profile = step_profile(target, drafter, PROMPTS, k=3, max_new_tokens=12)
     parts = profile["ms_per_step"]
@@ -31,8 +25,7 @@ def test_a_step_splits_into_its_parts_and_the_engine(pair, tree):
     assert parts["engine"] >= 0  # what the parts leave of the wall time
 
 
-def test_the_profile_leaves_the_engine_as_it_found_it(pair):
-    target, draft = pair
+def test_the_profile_leaves_the_engine_as_it_found_it(target, draft):
     forward, drafter = decoding._target_forward, ModelDrafter(draft)
     greedy = Sampler(0)
     before = decoding.speculative_generate(target, ModelDrafter(draft), PROMPTS[0], 12, k=3, sampler=greedy).token_ids
@@ -51,8 +44,7 @@ def test_weight_bytes_count_a_tied_matrix_once():
     assert weight_bytes(model.half()) == (untied - 4 * embedding.numel()) // 2
 
 
-def test_benchmark_rows_report_the_bandwidth_their_speed_implies(pair):
-    target, draft = pair
+def test_benchmark_rows_report_the_bandwidth_their_speed_implies(target, draft):
     rows = run_benchmark([autoregressive(target, Sampler(0), 12), speculative(target, draft, 3, Sampler(0), 12)],
                          PROMPTS, repeats=1, progress=False)
     for row in rows:
@@ -60,10 +52,7 @@ def test_benchmark_rows_report_the_bandwidth_their_speed_implies(pair):
     assert copy_bandwidth(megabytes=8, repeats=2) > 0
 
 
-def test_decode_latency_leaves_the_prefill_out(pair):
-    from specbook.bench import decode_latency
-
-    target, _ = pair
+def test_decode_latency_leaves_the_prefill_out(target):
     assert decode_latency(target, PROMPTS[0], new_tokens=6, repeats=1) > 0
     with pytest.raises(ValueError, match="new_tokens must be >= 2"):
         decode_latency(target, PROMPTS[0], new_tokens=1)

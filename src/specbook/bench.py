@@ -41,9 +41,6 @@ INPUT_GROUNDED = [
 PROMPT_SETS = {"open": OPEN_ENDED, "grounded": INPUT_GROUNDED}
 
 
-NAN = float("nan")  # a column a method has nothing to report in
-
-
 @dataclass
 class Method:
     """One row of a benchmark: a name and a function (input_ids, seed) -> (token_ids, stats or None)."""
@@ -222,7 +219,8 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
         measured = [s for s in method_stats if s is not None]
         rows.append({"method": method.name, "k": method.k, "seconds": seconds, "tokens": tokens,
                      "ms_per_token": 1000 * seconds / tokens,
-                     "bandwidth_gb_s": method.weight_bytes * tokens / seconds / 1e9 if method.weight_bytes else NAN,
+                     "bandwidth_gb_s": (method.weight_bytes * tokens / seconds / 1e9 if method.weight_bytes
+                                        else float("nan")),
                      "acceptance_rate": _mean([s.acceptance_rate for s in measured]),
                      "tokens_per_call": _mean([s.tokens_per_step for s in measured]),
                      "draft_calls_per_token": sum(s.draft_calls for s in measured) / tokens if measured else float("nan")})

@@ -14,13 +14,13 @@ adds: part of the gap between the formula's speedup and the measured one (chapte
 """
 
 import statistics
-import time
 from contextlib import ExitStack
 from unittest import mock
 
 import torch
 
 from . import decoding
+from .bench import _clock
 from .decoding import speculative_generate
 from .drafters import ModelDrafter
 from .sampling import Sampler
@@ -34,21 +34,15 @@ WRAPPED = [(decoding, "_target_forward", "target call"), (decoding, "verify_chai
 class _Timer:
     """Exclusive wall time per part: entering a part pauses the one it was called from."""
 
-    def __init__(self, device):
+    def __init__(self):
         self.seconds = dict.fromkeys(PARTS, 0.0)
         self.stack = []  # [part, started]
-        self.cuda = torch.device(device).type == "cuda"
-
-    def _now(self):
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
 
     def wrap(self, part, function):
         def timed(*args, **kwargs):
             if self.stack and self.stack[-1][0] == "draft":  # the draft's own probabilities are drafting
                 return function(*args, **kwargs)
-            now = self._now()
+            now = _clock()
             if self.stack:
                 outer = self.stack[-1]
                 self.seconds[outer[0]] += now - outer[1]
@@ -56,7 +50,7 @@ class _Timer:
             try:
                 return function(*args, **kwargs)
             finally:
-                now = self._now()
+                now = _clock()
                 self.seconds[part] += now - self.stack.pop()[1]
                 if self.stack:
                     self.stack[-1][1] = now
@@ -68,11 +62,11 @@ def copy_bandwidth(device="cpu", megabytes=256, repeats=5) -> float:
     median time. The ceiling a decoding step that reads every weight once can approach at batch one."""
     source = torch.ones(megabytes * 2**20 // 4, device=device)  # float32
     target = torch.empty_like(source)
-    timer, times = _Timer(device), []
+    times = []
     for _ in range(repeats + 1):  # the first copy is a warm-up
-        started = timer._now()
+        started = _clock()
         target.copy_(source)
-        times.append(timer._now() - started)
+        times.append(_clock() - started)
     return 2 * source.numel() * source.element_size() / statistics.median(times[1:]) / 1e9
 
 
@@ -87,7 +81,7 @@ def step_profile(target, drafter, prompts, k=4, max_new_tokens=64, sampler=Sampl
     if isinstance(drafter, torch.nn.Module):
         drafter = ModelDrafter(drafter, **path)
     speculative_generate(target, drafter, prompts[0], max_new_tokens, k, sampler, seed, **path)
-    timer = _Timer(target.device)
+    timer = _Timer()
     total, steps, tokens = 0.0, 0, 0
     with ExitStack() as patches:
         for module, name, part in WRAPPED:
@@ -95,9 +89,9 @@ def step_profile(target, drafter, prompts, k=4, max_new_tokens=64, sampler=Sampl
         patches.enter_context(mock.patch.object(drafter, "propose", timer.wrap("draft", drafter.propose)))
         patches.enter_context(mock.patch.object(drafter, "update", timer.wrap("rollback", drafter.update)))
         for input_ids in prompts:
-            started = timer._now()
+            started = _clock()
             generation = speculative_generate(target, drafter, input_ids, max_new_tokens, k, sampler, seed, **path)
-            total += timer._now() - started
+            total += _clock() - started
             steps += len(generation.steps)
             tokens += len(generation.token_ids)
     parts = {part: 1000 * seconds / steps for part, seconds in timer.seconds.items() if part != "prefill"}
