@@ -1,5 +1,6 @@
 import pandas as pd
 import pytest
+import torch
 
 from specbook.cli import CHAT_HELP, chat, main
 from specbook.models import assets_dir
@@ -54,6 +55,7 @@ def test_bench_writes_a_csv(tmp_path, capsys, suite, rows):
     assert len(table) == rows and table["same_tokens"].all()
     assert {"method", "speedup", "tokens_per_call", "acceptance_rate", "machine", "prompts"} <= set(table.columns)
     assert (table["bandwidth_gb_s"] > 0).all() and "copy bandwidth is" in capsys.readouterr().out
+    assert table["packed_target"].all() == torch.backends.mkldnn.is_available()  # packed by default, where it can
 
 
 def test_the_gpu_suite_writes_a_results_file(tmp_path, capsys):
@@ -73,6 +75,8 @@ def test_the_profile_suite_splits_a_step_for_each_k(capsys):
     out = capsys.readouterr().out
     assert "milliseconds per step" in out and "target call" in out and "engine" in out
     assert len(out.strip().splitlines()) == 4  # a title, the header, one row per K
+    main(["bench", "--suite", "profile", "--prompts", "open", "--ks", "1", "--max-new-tokens", "6", "--no-pack"])
+    assert "linear layers as loaded" in capsys.readouterr().out
 
 
 def test_the_heads_suite_refuses_another_pair(capsys):

@@ -22,6 +22,7 @@ from specbook.rejection import (
     output_distribution,
     residual_distribution,
     verify_chain,
+    verify_chain_greedy,
 )
 
 PROPERTY = settings(max_examples=50, deadline=None)
@@ -353,3 +354,20 @@ def test_validate_false_skips_the_checks():
     outcome = verify_chain(GOOD_DRAFTS, GOOD_DRAFT_PROBS, GOOD_TARGET_PROBS * 0.93,
                            torch.Generator().manual_seed(0), validate=False)
     assert 0 <= outcome.num_accepted <= 2
+
+
+def test_greedy_verification_is_the_rule_for_one_hot_targets():
+    """verify_chain_greedy gives verify_chain's verdict whenever q is one-hot, whatever p is."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        k, vocab = int(torch.randint(1, 6, (1,), generator=generator)), 5
+        target_tokens = torch.randint(vocab, (k + 1,), generator=generator)
+        draft_probs = torch.rand(k, vocab, generator=generator).softmax(-1)
+        draft_tokens = torch.multinomial(draft_probs, 1, generator=generator)[:, 0]
+        agree = int(torch.randint(k + 1, (1,), generator=generator))  # a leading run that matches, of any length
+        draft_tokens[:agree] = target_tokens[:agree]
+        one_hot = torch.nn.functional.one_hot(target_tokens, vocab).float()
+        expected = verify_chain(draft_tokens, draft_probs, one_hot, generator)
+        assert verify_chain_greedy(draft_tokens, target_tokens) == expected
+    with pytest.raises(ValueError, match="target_tokens must have shape"):
+        verify_chain_greedy(torch.tensor([1, 2]), torch.tensor([1, 2]))

@@ -12,7 +12,7 @@ from .drafters import (Draft, Drafter, EagleDrafter, MedusaDrafter, ModelDrafter
 from .heads import EagleHead, MedusaHeads
 from .models import ModelPair, load_pair
 from .policies import ConfidenceStop, DraftLength, EntropyGuidedK, FixedK, HeuristicK
-from .rejection import acceptance_rate, output_distribution, residual_distribution, verify_chain
+from .rejection import acceptance_rate, output_distribution, residual_distribution, verify_chain, verify_chain_greedy
 from .sampling import Sampler
 from .theory import expected_tokens_per_step, optimal_k, speedup
 from .trees import TreeSpec, tree_attention_mask, tree_positions, verify_tree, verify_tree_greedy
@@ -23,5 +23,5 @@ __all__ = [
     "PromptLookupDrafter", "SampledTreeDrafter", "Sampler", "Stats", "Step", "TopKTreeDrafter", "TreeSpec",
     "acceptance_rate", "autoregressive_generate", "expected_tokens_per_step", "load_pair", "optimal_k",
     "output_distribution", "residual_distribution", "speculative_generate", "speedup", "tree_attention_mask",
-    "tree_positions", "verify_chain", "verify_tree", "verify_tree_greedy",
+    "tree_positions", "verify_chain", "verify_chain_greedy", "verify_tree", "verify_tree_greedy",
 ]

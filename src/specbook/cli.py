@@ -18,6 +18,7 @@ from .bench import PROMPT_SETS, ablation, comparison, heads_and_trees, machine, 
 from .decoding import autoregressive_generate, speculative_generate
 from .gpu import gpu_benchmark, write_results
 from .models import BUILT_IN, load_pair
+from .packed import can_pack, pack_linears
 from .profile import copy_bandwidth, step_profile
 from .sampling import Sampler
 from .viz import render_trace
@@ -97,8 +98,11 @@ def bench(args):
     pair = _load(args)
     if args.suite == "gpu":
         return _gpu_bench(pair, args)
+    packed = args.pack and can_pack(pair.target)
+    if packed:  # the target only, for every method alike: the draft's weights stay in the cache (specbook.packed)
+        pack_linears(pair.target)
     if args.suite == "profile":
-        return _profile(pair, args)
+        return _profile(pair, args, packed)
     sampler = Sampler(args.temperature, args.top_k, args.top_p)
     if args.suite == "comparison":
         methods = comparison(pair, sampler, args.max_new_tokens, args.ks, args.hf)
@@ -111,8 +115,9 @@ def bench(args):
         prompts = [pair.encode(text) for text in PROMPT_SETS[name]]
         frame = pd.DataFrame(run_benchmark(methods, prompts, args.repeats, args.seed))
         frames.append(frame.assign(prompts=name))
-    table = pd.concat(frames, ignore_index=True).assign(machine=machine())
-    print(table.drop(columns="machine").to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    table = pd.concat(frames, ignore_index=True).assign(machine=machine(), packed_target=packed)
+    print(table.drop(columns=["machine", "packed_target"]).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"{machine()}; the target's linear layers {'packed once (specbook.packed)' if packed else 'as loaded'}")
     print(f"bandwidth_gb_s: the target's weights read per second if every token read them once; this machine's "
           f"copy bandwidth is {copy_bandwidth(pair.target.device):.1f} GB/s")
     if args.out:
@@ -134,7 +139,7 @@ def _gpu_bench(pair, args):
         print(f"written to {args.json}", file=sys.stderr)
 
 
-def _profile(pair, args):
+def _profile(pair, args, packed):
     """Milliseconds per speculative step, split into parts (`specbook.profile.step_profile`), one row per K."""
     import pandas as pd
 
@@ -144,7 +149,7 @@ def _profile(pair, args):
     for k in args.ks:
         profile = step_profile(pair.target, pair.draft, prompts, k, args.max_new_tokens, sampler, args.seed)
         rows.append({"k": k, **profile["ms_per_step"], "tokens_per_step": profile["tokens_per_step"]})
-    print(f"milliseconds per step on {machine()}")
+    print(f"milliseconds per step on {machine()}, the target's linear layers {'packed' if packed else 'as loaded'}")
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 
 
@@ -239,6 +244,9 @@ def main(argv=None):
                      help="include Hugging Face assisted generation (default: yes)")
     ben.add_argument("--out", help="write the table as CSV")
     ben.add_argument("--json", help="--suite gpu: write the results file (JSON) here")
+    ben.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
+                     help="pack the target's linear layers once for oneDNN, for every method alike, where the "
+                          "target is on the CPU (specbook.packed; default: yes)")
     ben.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                      help="--suite gpu: compile the decode steps (CUDA graphs on a GPU; default: yes)")
     _add_model_options(ben)

@@ -5,7 +5,8 @@
 2023, Algorithm 2): a drafter proposes up to K tokens, one target call scores all of them, and
 `specbook.rejection.verify_chain` keeps the longest accepted prefix plus one corrected or bonus
 token -- so every step emits between 1 and K + 1 tokens, and the output follows the target's
-(warped) distribution exactly. A drafter may propose a token tree instead (a `Draft` with
+(warped) distribution exactly. Greedily (temperature 0) the same rule is a comparison with the
+target's argmax, `verify_chain_greedy`, with no residuals to build. A drafter may propose a token tree instead (a `Draft` with
 ``parents``): one target call with a tree attention mask scores every branch, and
 `specbook.trees.verify_tree` keeps the longest accepted path (`specbook.trees`).
 
@@ -41,7 +42,7 @@ from .compiled import compiled
 from .drafters import Drafter, ModelDrafter
 from .models import check_pair, check_token_ids
 from .policies import DraftLength, as_policy
-from .rejection import verify_chain
+from .rejection import verify_chain, verify_chain_greedy
 from .sampling import Sampler
 from .trees import tree_model_inputs, verify_tree
 
@@ -214,7 +215,9 @@ def _chain_step(target, cache, pending, draft, drafter, sampler, generator, voca
     inputs = torch.cat([torch.tensor(pending, device=target.device), drafted])[None]  # (1, n + 1)
     logits, hidden = _target_forward(cache, inputs, features, forward)
     target_probs = sampler.probs(logits)  # (n + 1, vocab)
-    if len(drafted):
+    if len(drafted) and sampler.greedy:
+        accepted, next_token, bonus = verify_chain_greedy(drafted, logits.argmax(-1))
+    elif len(drafted):
         accepted, next_token, bonus = verify_chain(drafted, _draft_probs(draft, vocab), target_probs, generator,
                                                    validate=False)
     else:

@@ -27,6 +27,7 @@ from .sampling import Sampler
 
 PARTS = ("draft", "target call", "probabilities", "verification", "rollback", "prefill")
 WRAPPED = [(decoding, "_target_forward", "target call"), (decoding, "verify_chain", "verification"),
+           (decoding, "verify_chain_greedy", "verification"),
            (decoding, "verify_tree", "verification"), (decoding, "rollback", "rollback"),
            (decoding, "_prefill", "prefill"), (Sampler, "probs", "probabilities")]  # (owner, attribute, part)
 

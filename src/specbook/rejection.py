@@ -197,3 +197,22 @@ def verify_chain(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
     candidates = torch.multinomial(next_probs, 1, generator=generator)[:, 0]  # (K + 1,)
     num_accepted, next_token = torch.stack([num_accepted, candidates[num_accepted]]).tolist()
     return Verification(num_accepted, next_token, num_accepted == k)
+
+
+def verify_chain_greedy(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> Verification:
+    """Greedy verification: keep drafts while they equal the target's argmax, then the argmax follows.
+
+    draft_tokens (K,) are the drafts, target_tokens (K + 1,) the target's greedy tokens at the K
+    drafted positions plus the one after them. The answer `verify_chain` gives when the target's
+    distributions are one-hot (temperature 0), whatever the draft's: min(1, q(x) / p(x)) is 1 on
+    the argmax and 0 elsewhere, and the residual (q - p)+ keeps the argmax alone. No uniforms, no
+    residuals: one comparison, and one host sync to read two numbers.
+    """
+    k = draft_tokens.shape[0]
+    if target_tokens.shape != (k + 1,):
+        raise ValueError(f"target_tokens must have shape ({k + 1},), one more than draft_tokens "
+                         f"(got {tuple(target_tokens.shape)})")
+    matches = draft_tokens.to(target_tokens.device, torch.long) == target_tokens[:k]  # (K,)
+    num_accepted = matches.long().cumprod(0).sum()  # (): the leading run of matches
+    num_accepted, next_token = torch.stack([num_accepted, target_tokens[num_accepted]]).tolist()
+    return Verification(num_accepted, next_token, num_accepted == k)
