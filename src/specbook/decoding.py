@@ -13,7 +13,11 @@ target's argmax, `verify_chain_greedy`, with no residuals to build. A drafter ma
 Both loops keep the same bookkeeping: the target's KV cache holds every committed token except
 the last one, which is "pending" and is fed first in the next call. Verification feeds
 [pending, d_1, ..., d_K] (K + 1 positions) and gets q_1 ... q_{K+1} back; rollback then crops the
-rejected drafts off the cache, so the prefix is never recomputed. A tree step feeds [pending,
+rejected drafts off the cache, so the prefix is never recomputed. At the start the whole prompt is
+pending: the first call reads it together with the first drafts (or, autoregressively, makes the
+first token from it), as Hugging Face's ``generate`` does, rather than spending a call of its own on
+it -- except before a tree draft, whose mask follows one pending token, and for a drafter that
+reads the target's features of the prompt before it drafts. A tree step feeds [pending,
 node 0, ..., node n-1] and keeps the prefix, the pending token and the accepted path.
 
 A drafter that reads the target's hidden states (``Drafter.uses_features``: Medusa, EAGLE) gets
@@ -163,16 +167,15 @@ def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(),
     _check_inputs(model, input_ids, max_new_tokens, cache, compile)
     generator = _generator(seed, model.device)
     started = time.perf_counter()
-    static_length = _static_length(model, input_ids, max_new_tokens, cache)
-    kv_cache, _, _ = _prefill(model, input_ids, max_length=static_length)
+    kv_cache = new_cache(model, _static_length(model, input_ids, max_new_tokens, cache))
     forward = compiled(model) if compile else model
     vocab = _vocab_size(model)
-    token = input_ids[0, -1:]  # (1,): the pending token
+    inputs, call = input_ids, model  # the first call reads the whole prompt, uncompiled (its length varies)
     tokens = []
     while len(tokens) < max_new_tokens:
-        logits = forward(token[None], past_key_values=kv_cache, use_cache=True,
-                         logits_to_keep=1).logits[0, -1, :vocab]  # (vocab,)
+        logits = call(inputs, past_key_values=kv_cache, use_cache=True, logits_to_keep=1).logits[0, -1, :vocab]
         token = sampler.sample(sampler.probs(logits), generator).view(1)  # (1,), on the device
+        inputs, call = token[None], forward  # (1, 1)
         tokens.append(token)
         if eos_token_id is not None and int(token) == eos_token_id:
             break
@@ -212,8 +215,8 @@ def _chain_step(target, cache, pending, draft, drafter, sampler, generator, voca
     ``features`` is set, the target's features at the committed positions (accepted + 1, hidden).
     """
     drafted = draft.tokens if draft is not None else torch.empty(0, dtype=torch.long, device=target.device)
-    inputs = torch.cat([torch.tensor(pending, device=target.device), drafted])[None]  # (1, n + 1)
-    logits, hidden = _target_forward(cache, inputs, features, forward)
+    inputs = torch.cat([torch.tensor(pending, device=target.device), drafted])[None]  # (1, pending + n)
+    logits, hidden = _target_forward(cache, inputs, features, forward, logits_to_keep=len(drafted) + 1)  # (n + 1, .)
     target_probs = sampler.probs(logits)  # (n + 1, vocab)
     if len(drafted) and sampler.greedy:
         accepted, next_token, bonus = verify_chain_greedy(drafted, logits.argmax(-1))
@@ -278,7 +281,10 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     generator = _generator(seed, target.device)
     started = time.perf_counter()
     features = drafter.uses_features
-    kv_cache, pending, prompt_features = _prefill(target, input_ids, features, static_length)
+    if features:  # a drafter that reads the target's features needs the prompt's before it drafts
+        kv_cache, pending, prompt_features = _prefill(target, input_ids, features, static_length)
+    else:  # the prompt goes into the first verification call, as one more call would cost a step's time
+        kv_cache, pending, prompt_features = new_cache(target, static_length), input_ids[0].tolist(), None
     forward = compiled(target) if compile else target
     drafter.start(input_ids)
     if prompt_features is not None:
@@ -292,8 +298,12 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
         budget = min(policy.next_k(), max_new_tokens - len(token_ids) - 1)  # a step emits up to budget + 1 tokens
         draft = drafter.propose(budget, sampler, generator, keep_drafting) if budget > 0 else None
         tree = draft is not None and draft.parents is not None
+        if tree and len(pending) > 1:  # a tree's mask is built after one pending token: cache the prompt first
+            target(input_ids[:, :-1], past_key_values=kv_cache, use_cache=True, logits_to_keep=1)
+            pending = pending[-1:]
+        step_forward = forward if len(pending) == 1 else target  # the prompt's first call runs uncompiled
         step, committed_probs, step_draft_probs, committed_features = (_tree_step if tree else _chain_step)(
-            target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, forward)
+            target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, step_forward)
         drafter.observe_target(committed_probs)  # the target at the committed positions
         if features:
             drafter.observe_features(committed_features)

@@ -76,7 +76,8 @@ def step_profile(target, drafter, prompts, k=4, max_new_tokens=64, sampler=Sampl
 
     ``drafter`` is a `Drafter` (or a draft model); ``path`` the GPU path's ``cache`` and ``compile``.
     Returns ``{"steps": n, "ms_per_step": {part: ms, ..., "engine": ms}, "tokens_per_step": float}``,
-    where ``engine`` is what the parts leave of the generation's wall time, prefill excluded. The
+    where ``engine`` is what the parts leave of the generation's wall time, a separate prefill excluded
+    (the engine reads the prompt in its first verification call unless the drafter needs it earlier). The
     first prompt runs once untimed first (lazy initialisation, compilation).
     """
     if isinstance(drafter, torch.nn.Module):
