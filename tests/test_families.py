@@ -12,7 +12,7 @@ padded with 32 unused rows, as real pairs that share a tokenizer often are.
 import pytest
 import torch
 
-from specbook import Sampler, autoregressive_generate, speculative_generate
+from specbook import DynamicTree, Sampler, autoregressive_generate, speculative_generate
 from specbook.cache import attention_windows
 from specbook.drafters import EagleDrafter, MedusaDrafter, PromptLookupDrafter, TopKTreeDrafter
 from specbook.heads import EagleHead, MedusaHeads
@@ -45,6 +45,10 @@ def _methods():
                                                             k=3, **greedy).token_ids,
         "eagle_tree": lambda t, d, x: speculative_generate(t, EagleDrafter(t, EagleHead(t.config), tree=(2, 2)), x,
                                                            NEW_TOKENS, k=3, **greedy).token_ids,
+        "eagle_dynamic_tree": lambda t, d, x: speculative_generate(
+            t, EagleDrafter(t, EagleHead(t.config), tree=DynamicTree(3, 2, 5)), x, NEW_TOKENS, k=3, **greedy).token_ids,
+        "dynamic_tree": lambda t, d, x: speculative_generate(t, TopKTreeDrafter(d, DynamicTree(3, 3, 6)), x, NEW_TOKENS,
+                                                             k=3, **greedy).token_ids,
         "medusa_tree": lambda t, d, x: speculative_generate(t, MedusaDrafter(t, MedusaHeads(t.config.hidden_size, 3)),
                                                             x, NEW_TOKENS, k=3, **greedy).token_ids,
     }

@@ -15,6 +15,7 @@ from specbook.models import assets_dir
 from specbook.policies import ConfidenceStop, HeuristicK
 from specbook.sampling import Sampler
 from specbook.train.card import heads_section
+from specbook.trees import DynamicTree
 from specbook.train.cli import main
 from specbook.train.heads import eagle_loss, medusa_loss, train_head
 from specbook.train.loop import TrainConfig
@@ -22,7 +23,7 @@ from specbook.train.loop import TrainConfig
 from support import SAMPLERS, chi_square_p_value, tiny_model
 
 PROMPT = torch.tensor([[3, 14, 15, 9, 2, 6, 5]])
-KINDS = ["medusa-chain", "medusa-tree", "eagle-chain", "eagle-tree"]
+KINDS = ["medusa-chain", "medusa-tree", "eagle-chain", "eagle-tree", "eagle-dynamic"]
 
 
 # --- tiny heads trained on the tiny target's own text, so that their drafts are sometimes right
@@ -46,7 +47,8 @@ def make_drafter(kind, target, heads):
     return {"medusa-chain": lambda: MedusaDrafter(target, heads.medusa, tree=None),
             "medusa-tree": lambda: MedusaDrafter(target, heads.medusa, tree=(3, 2, 2)),
             "eagle-chain": lambda: EagleDrafter(target, heads.eagle),
-            "eagle-tree": lambda: EagleDrafter(target, heads.eagle, tree=(3, 2, 1))}[kind]()
+            "eagle-tree": lambda: EagleDrafter(target, heads.eagle, tree=(3, 2, 1)),
+            "eagle-dynamic": lambda: EagleDrafter(target, heads.eagle, tree=DynamicTree(4, 3, nodes=8))}[kind]()
 
 
 @pytest.fixture(scope="module")
@@ -197,13 +199,14 @@ def tiny_heads(tiny_pair):
 
 
 @pytest.mark.parametrize("kind, sampler", [("eagle-chain", SAMPLERS[1]), ("eagle-tree", SAMPLERS[0]),
-                                           ("medusa-tree", SAMPLERS[1])],
-                         ids=["eagle-chain-warped", "eagle-tree-plain", "medusa-tree-warped"])
+                                           ("medusa-tree", SAMPLERS[1]), ("eagle-dynamic", SAMPLERS[1])],
+                         ids=["eagle-chain-warped", "eagle-tree-plain", "medusa-tree-warped", "eagle-dynamic-warped"])
 def test_sampled_output_follows_the_target(tiny_pair, tiny_heads, kind, sampler):
     target = tiny_pair[0]
     drafter = {"eagle-chain": lambda: EagleDrafter(target, tiny_heads.eagle),
                "eagle-tree": lambda: EagleDrafter(target, tiny_heads.eagle, tree=(2, 2)),
-               "medusa-tree": lambda: MedusaDrafter(target, tiny_heads.medusa, tree=(2, 2))}[kind]()
+               "medusa-tree": lambda: MedusaDrafter(target, tiny_heads.medusa, tree=(2, 2)),
+               "eagle-dynamic": lambda: EagleDrafter(target, tiny_heads.eagle, tree=DynamicTree(2, 2, 3))}[kind]()
     assert chi_square_p_value(target, drafter, sampler) > 1e-3
 
 

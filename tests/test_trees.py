@@ -12,8 +12,8 @@ from specbook.decoding import autoregressive_generate, speculative_generate
 from specbook.drafters import Draft, Drafter, ModelDrafter, SampledTreeDrafter, TopKTreeDrafter
 from specbook.policies import ConfidenceStop, FixedK, HeuristicK
 from specbook.sampling import Sampler
-from specbook.trees import (TreeSpec, tree_attention_mask, tree_forward, tree_positions, verify_tree,
-                            verify_tree_greedy)
+from specbook.trees import (DynamicTree, TreeSpec, grow_dynamic_tree, tree_attention_mask, tree_forward,
+                            tree_positions, verify_tree, verify_tree_greedy)
 
 from support import SAMPLERS, chi_square_p_value, tiny_model
 
@@ -371,3 +371,65 @@ def test_sampled_output_follows_the_target_when_trees_stop_early(tiny_pair, draf
             written += step.accepted + 1
     assert cut and whole
     assert chi_square_p_value(target, drafter(draft, (2, 2, 1)), SAMPLERS[0], samples=800, k=ArgmaxStop(3)) > 1e-3
+
+
+# --- EAGLE-2's dynamic tree: grown where the draft is sure, the most likely nodes kept
+
+
+def test_a_dynamic_tree_keeps_the_most_likely_paths():
+    """Against brute force on a toy draft whose next-token log p depends on the last token only."""
+    vocab, tree = 6, DynamicTree(depth=3, width=2, nodes=5)
+    table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0)).log_softmax(-1)  # (last, next)
+    fed_calls = []
+
+    def feed(tokens, fed_parents):
+        fed_calls.append((tokens.tolist(), list(fed_parents)))
+        return table[tokens]
+
+    root = table[0]
+    tokens, parents, rows = grow_dynamic_tree(root, feed, tree, depth=3)
+    assert [len(call[0]) for call in fed_calls] == [2, 2]  # the width best of depths 1 and 2 were expanded
+    # brute force: expand exactly as the rule says, score every drafted node by its path log p, keep the best 5
+    def score(path):
+        previous, total = 0, 0.0
+        for token in path:
+            total, previous = total + float(table[previous, token]), token
+        return total
+    level, drafted, expanded = [()], [], []
+    for depth in range(3):
+        children = [path + (int(t),) for path in level for t in table[path[-1] if path else 0].topk(2).indices]
+        drafted += children
+        level = sorted(children, key=score, reverse=True)[:2]
+        expanded += level if depth < 2 else []
+    best = sorted(drafted, key=score, reverse=True)[:5]
+    paths = []
+    for node, token in enumerate(tokens.tolist()):  # rebuild each kept node's path from parents
+        paths.append((paths[parents[node]] if parents[node] >= 0 else ()) + (token,))
+    assert sorted(paths) == sorted(best)
+    assert all(parent < node for node, parent in enumerate(parents))  # topological, ancestors kept
+    assert {paths[node] for node, row in enumerate(rows) if row is not None} == set(expanded) & set(best)
+
+
+@pytest.mark.parametrize("depth, width, nodes, match", [(0, 2, 4, "depth"), (2, 0, 4, "width"),
+                                                        (4, 2, 3, "at least the depth"), (2, 2.0, 4, "width")])
+def test_a_dynamic_tree_refuses_bad_sizes(depth, width, nodes, match):
+    with pytest.raises(ValueError, match=match):
+        DynamicTree(depth, width, nodes)
+
+
+def test_a_sampled_tree_refuses_a_dynamic_shape(draft):
+    with pytest.raises(ValueError, match="TopKTreeDrafter"):
+        SampledTreeDrafter(draft, DynamicTree())
+
+
+@pytest.mark.parametrize("k", [1, 3, HeuristicK(2, 1, 5)], ids=["k1", "k3", "heuristic"])
+def test_greedy_dynamic_tree_equals_autoregressive(target, draft, noisy, reference, k):
+    for model in (draft, noisy):
+        drafter = TopKTreeDrafter(model, DynamicTree(depth=4, width=3, nodes=10))
+        assert speculative_generate(target, drafter, PROMPT, 40, k=k, sampler=Sampler(0)).token_ids == reference
+
+
+def test_sampled_dynamic_tree_output_follows_the_target(tiny_pair):
+    target, draft = tiny_pair
+    drafter = TopKTreeDrafter(draft, DynamicTree(depth=2, width=2, nodes=3))
+    assert chi_square_p_value(target, drafter, SAMPLERS[1]) > 1e-3

@@ -15,13 +15,14 @@ from .policies import ConfidenceStop, DraftLength, EntropyGuidedK, FixedK, Heuri
 from .rejection import acceptance_rate, output_distribution, residual_distribution, verify_chain, verify_chain_greedy
 from .sampling import Sampler
 from .theory import expected_tokens_per_step, optimal_k, speedup
-from .trees import TreeSpec, tree_attention_mask, tree_positions, verify_tree, verify_tree_greedy
+from .trees import DynamicTree, TreeSpec, tree_attention_mask, tree_positions, verify_tree, verify_tree_greedy
 
 __all__ = [
-    "ConfidenceStop", "Draft", "DraftLength", "Drafter", "EagleDrafter", "EagleHead", "EntropyGuidedK", "FixedK",
-    "Generation", "HeuristicK", "MedusaDrafter", "MedusaHeads", "ModelDrafter", "ModelPair", "NGramDrafter",
-    "PromptLookupDrafter", "SampledTreeDrafter", "Sampler", "Stats", "Step", "TopKTreeDrafter", "TreeSpec",
-    "acceptance_rate", "autoregressive_generate", "expected_tokens_per_step", "load_pair", "optimal_k",
-    "output_distribution", "residual_distribution", "speculative_generate", "speedup", "tree_attention_mask",
-    "tree_positions", "verify_chain", "verify_chain_greedy", "verify_tree", "verify_tree_greedy",
+    "ConfidenceStop", "Draft", "DraftLength", "Drafter", "DynamicTree", "EagleDrafter", "EagleHead",
+    "EntropyGuidedK", "FixedK", "Generation", "HeuristicK", "MedusaDrafter", "MedusaHeads", "ModelDrafter",
+    "ModelPair", "NGramDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "Sampler", "Stats", "Step",
+    "TopKTreeDrafter", "TreeSpec", "acceptance_rate", "autoregressive_generate", "expected_tokens_per_step",
+    "load_pair", "optimal_k", "output_distribution", "residual_distribution", "speculative_generate", "speedup",
+    "tree_attention_mask", "tree_positions", "verify_chain", "verify_chain_greedy", "verify_tree",
+    "verify_tree_greedy",
 ]

@@ -181,6 +181,68 @@ class TreeSpec:
         return f"TreeSpec({self.paths})"
 
 
+class DynamicTree:
+    """EAGLE-2's tree, shaped while it is drafted by the draft's own confidence (Li et al. 2024b, Section 4).
+
+    Expansion: at each depth up to ``depth`` the drafter drafts the ``width`` most likely children
+    of every node it expands, and expands next the ``width`` children of the level with the highest
+    *path* probability under the draft (the product of p from the root down), the draft's estimate
+    of how likely the target is to accept the whole path. Reranking: of every node drafted, the
+    ``nodes`` with the highest path probability are kept and verified. A node's path probability is
+    never above its parent's, so the kept nodes include their ancestors: they form a tree. A static
+    tree spends its budget on the same ranks everywhere; this one spends it where the draft is sure.
+    """
+
+    def __init__(self, depth: int = 4, width: int = 4, nodes: int = 16):
+        for name, value in (("depth", depth), ("width", width), ("nodes", nodes)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
+        if nodes < depth:
+            raise ValueError(f"nodes (the budget of nodes verified, {nodes}) must be at least the depth ({depth}): "
+                             "a tree of fewer nodes can never reach its last levels")
+        self.depth, self.width, self.nodes = depth, width, nodes
+
+    def __repr__(self):
+        return f"DynamicTree(depth={self.depth}, width={self.width}, nodes={self.nodes})"
+
+
+def grow_dynamic_tree(root_log_probs: torch.Tensor, feed, tree: DynamicTree, depth: int):
+    """Draft a `DynamicTree` of at most ``depth`` levels; return the kept nodes.
+
+    ``root_log_probs`` (vocab,) is the draft's log p after the root (the pending token).
+    ``feed(tokens, fed_parents)`` runs the draft on newly expanded nodes, ``tokens`` (m,), on top of
+    those fed before; ``fed_parents`` lists the parent of every node fed so far, these m last, in
+    feeding order (-1 the root): a tree of its own, which `tree_model_inputs` turns into a mask. It
+    returns their log p (m, vocab). Returns the kept nodes' ``tokens`` (n,) in topological order,
+    their ``parents`` and, for each, its row among the fed nodes (None if it was never fed).
+    """
+    tokens, parents, scores = [], [], []  # every node drafted; scores: its path log-probability
+    fed, fed_parents = [], []  # drafted nodes fed to the draft, in order, and their parents' rows there
+    frontier, frontier_log_probs, frontier_scores = [-1], root_log_probs[None].float(), [0.0]
+    for level in range(1, min(depth, tree.depth) + 1):
+        top = frontier_log_probs.topk(min(tree.width, frontier_log_probs.shape[-1]))  # (f, w)
+        level_scores = (torch.tensor(frontier_scores, device=top.values.device)[:, None] + top.values).flatten()
+        first = len(tokens)
+        tokens += top.indices.flatten().tolist()
+        parents += [node for node in frontier for _ in range(top.indices.shape[1])]
+        scores += level_scores.tolist()
+        if level == min(depth, tree.depth):
+            break
+        frontier = sorted(first + i for i in level_scores.topk(min(tree.width, len(level_scores))).indices.tolist())
+        rows = {node: row for row, node in enumerate(fed)}
+        fed_parents += [rows.get(parents[node], -1) for node in frontier]
+        fed += frontier
+        frontier_log_probs = feed(torch.tensor([tokens[node] for node in frontier], device=top.indices.device),
+                                  fed_parents).float()
+        frontier_scores = [scores[node] for node in frontier]
+    # ties go to the earlier node, so a parent (never less likely than its child) always comes first
+    keep = sorted(sorted(range(len(tokens)), key=lambda node: (-scores[node], node))[: tree.nodes])
+    index, rows = {node: i for i, node in enumerate(keep)}, {node: row for row, node in enumerate(fed)}
+    kept_parents = [index[parents[node]] if parents[node] >= 0 else -1 for node in keep]
+    return (torch.tensor([tokens[node] for node in keep], device=root_log_probs.device), kept_parents,
+            [rows.get(node) for node in keep])
+
+
 class TreeVerification(NamedTuple):
     """The outcome of verifying a tree: emit the tokens of the nodes in ``path``, then ``next_token``.
 

@@ -19,14 +19,16 @@ Two ways to draft, one for each lossless rule:
 - a tree (a `specbook.trees.TreeSpec`): expanded one depth at a time like
   `specbook.drafters.tree.TopKTreeDrafter` -- all nodes of a depth fed at once with the tree
   attention mask, each paired with its parent's predicted feature -- child rank r the r-th most
-  likely token; deterministic, so it reports no p (EAGLE's tree, Section 4.1).
+  likely token; deterministic, so it reports no p (EAGLE's tree, Section 4.1);
+- or a `specbook.trees.DynamicTree` (EAGLE-2, Li et al. 2024b): the same feeding, but only the
+  most likely nodes of each depth are expanded and the most likely nodes overall are verified.
 """
 
 import torch
 
 from ..cache import new_cache, rollback
 from ..heads import EagleHead, check_hidden_size
-from ..trees import TreeSpec, tree_model_inputs
+from ..trees import DynamicTree, TreeSpec, grow_dynamic_tree, tree_model_inputs
 from .base import Draft, Drafter
 
 
@@ -44,7 +46,7 @@ class EagleDrafter(Drafter):
     def __init__(self, target: torch.nn.Module, head: EagleHead, tree=None):
         check_hidden_size(head, target)
         self.target, self.head = target, head
-        self.tree = tree if tree is None or isinstance(tree, TreeSpec) else TreeSpec.from_branching(tree)
+        self.tree = tree if tree is None or isinstance(tree, (TreeSpec, DynamicTree)) else TreeSpec.from_branching(tree)
         self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         self.calls = 0
 
@@ -78,8 +80,12 @@ class EagleDrafter(Drafter):
             return Draft(self.tokens.new_empty(0))
         predicted = self._feed(torch.cat(self.features), self.tokens)[-1:]  # (1, hidden): f̂ at the pending token
         self.tokens, self.features = self.tokens[:0], []
-        draft = self._chain(k, predicted, sampler, generator, keep_drafting) if self.tree is None \
-            else self._tree(self.tree.truncated(k), predicted)
+        if self.tree is None:
+            draft = self._chain(k, predicted, sampler, generator, keep_drafting)
+        elif isinstance(self.tree, DynamicTree):
+            draft = self._dynamic(k, predicted)
+        else:
+            draft = self._tree(self.tree.truncated(k), predicted)
         self.proposed = draft.tokens.tolist()
         return draft
 
@@ -111,6 +117,22 @@ class EagleDrafter(Drafter):
                 predicted = torch.cat([predicted, self._feed(predicted[parent_rows], tokens[-1], **inputs)])
                 self.fed += len(level)
         return Draft(torch.cat(tokens), parents=tree.parents)
+
+    def _dynamic(self, k, predicted):
+        """EAGLE-2: grow a `DynamicTree`, each expanded level's pairs fed with the tree mask."""
+        context = self.cache.get_seq_length() - 1  # pairs before the root's
+
+        def feed(tokens, fed_parents):  # (m,) new nodes -> their log p (m, vocab)
+            nonlocal predicted  # (1 + nodes fed, hidden): row 0 the root, row i + 1 the i-th node fed
+            inputs = tree_model_inputs(fed_parents, context, in_cache=len(fed_parents) - len(tokens) + 1,
+                                       dtype=predicted.dtype, device=predicted.device)
+            parent_rows = [parent + 1 for parent in fed_parents[-len(tokens):]]
+            features = self._feed(predicted[parent_rows], tokens, **inputs)  # (m, hidden)
+            predicted, self.fed = torch.cat([predicted, features]), len(fed_parents)
+            return self.lm_head(features).float().log_softmax(-1)
+
+        tokens, parents, _ = grow_dynamic_tree(self.lm_head(predicted[0]).float().log_softmax(-1), feed, self.tree, k)
+        return Draft(tokens, parents=parents)
 
     def update(self, num_accepted, next_token, path=None):
         rollback(self.cache, self.fed)  # every drafted pair: the committed ones come back with true features

@@ -38,25 +38,28 @@ children they add or leave out are drawn, and verification does not care what sh
 import torch
 
 from ..cache import keep_positions
-from ..trees import TreeSpec, tree_forward
+from ..trees import DynamicTree, TreeSpec, grow_dynamic_tree, tree_forward
 from .base import Draft
 from .model import ModelDrafter
 
 
 class TopKTreeDrafter(ModelDrafter):
-    """Draft a tree of shape ``tree`` (a `TreeSpec`, or a branching tuple such as (2, 2, 1)) with a draft model.
+    """Draft a tree of shape ``tree`` with a draft model: a `TreeSpec`, a branching tuple such as (2, 2, 1),
+    or a `specbook.trees.DynamicTree` (EAGLE-2's tree, shaped by the draft's confidence as it grows).
 
     ``propose(k, ...)`` drafts the nodes of depth <= k, so a step still emits at most k + 1 tokens,
-    and stops at a shallower depth where ``keep_drafting`` says so (see the module docstring).
+    and a static tree stops at a shallower depth where ``keep_drafting`` says so (see the module
+    docstring); a dynamic tree spends its node budget by its own rule and is not asked.
     """
 
     def __init__(self, model: torch.nn.Module, tree=(2, 2, 1)):
         super().__init__(model)
-        self.tree = tree if isinstance(tree, TreeSpec) else TreeSpec.from_branching(tree)
+        self.tree = tree if isinstance(tree, (TreeSpec, DynamicTree)) else TreeSpec.from_branching(tree)
 
     def start(self, input_ids):
         super().start(input_ids)
         self.fed = 0  # tree nodes the draft cache holds after the context
+        self.rows = []  # per proposed node: its row among those fed (in the cache), None if never fed
 
     def _children(self, logits, ranks, sampler, generator):
         """Tokens (m,) for m children from their parents' logits (m, vocab), and their p (None: one-hot)."""
@@ -64,9 +67,11 @@ class TopKTreeDrafter(ModelDrafter):
         return order.gather(1, torch.tensor(ranks, device=order.device)[:, None])[:, 0], None
 
     def propose(self, k, sampler, generator, keep_drafting=None):
-        tree = self.tree.truncated(k)
         logits = self.model(self.pending[None], past_key_values=self.cache,
                             use_cache=True, logits_to_keep=1).logits[0, :, : self.vocab_size]  # (1, vocab): the root
+        if isinstance(self.tree, DynamicTree):
+            return self._dynamic(logits[0], k)
+        tree = self.tree.truncated(k)
         path_logp = logits.new_zeros(1)  # (1 + nodes so far,): each row's path log-probability under the draft
         tokens, probs, self.calls, drafted = [], [], self.calls + 1, 0
         for depth in range(1, tree.depth + 1):
@@ -91,20 +96,39 @@ class TopKTreeDrafter(ModelDrafter):
                 self.fed = drafted
         self.pending = self.pending[:0]
         self.proposed = torch.cat(tokens)
+        self.rows = [node if node < self.fed else None for node in range(drafted)]  # the fed nodes come first
         return Draft(torch.cat(tokens), torch.cat(probs) if probs[0] is not None else None, tree.parents[:drafted])
+
+    def _dynamic(self, root_logits, k):
+        """Grow a `DynamicTree` from the root's logits (vocab,): each expanded level fed with the tree mask."""
+        def feed(tokens, fed_parents):  # (m,) new nodes on top of those fed before -> their log p (m, vocab)
+            self.calls, self.fed = self.calls + 1, len(fed_parents)
+            in_cache = len(fed_parents) - len(tokens) + 1  # the root and the nodes fed before
+            logits = tree_forward(self.model, self.cache, tokens, fed_parents, in_cache)
+            return logits[:, : self.vocab_size].float().log_softmax(-1)
+
+        tokens, parents, self.rows = grow_dynamic_tree(root_logits.float().log_softmax(-1), feed, self.tree, k)
+        self.pending, self.proposed = self.pending[:0], tokens
+        return Draft(tokens, None, parents)  # deterministic picks: no p
 
     def update(self, num_accepted, next_token, path=None):
         self._check_readable(next_token)
         path = path or []  # no path: nothing was proposed this step
-        fed = [node for node in path if node < self.fed]  # accepted nodes already in the draft cache
+        fed = [self.rows[node] for node in path if self.rows[node] is not None]  # the path's first nodes, cached
         context = self.cache.get_seq_length() - self.fed
-        keep_positions(self.cache, list(range(context)) + [context + node for node in fed])
+        keep_positions(self.cache, list(range(context)) + [context + row for row in fed])
         self.pending = torch.cat([self.pending, self.proposed[path[len(fed):]], self.proposed.new_tensor([next_token])])
-        self.proposed, self.fed = self.proposed[:0], 0
+        self.proposed, self.fed, self.rows = self.proposed[:0], 0, []
 
 
 class SampledTreeDrafter(TopKTreeDrafter):
     """Like `TopKTreeDrafter`, but every child is an independent sample from the draft's p (reported with it)."""
+
+    def __init__(self, model: torch.nn.Module, tree=(2, 2, 1)):
+        if isinstance(tree, DynamicTree):
+            raise ValueError("a DynamicTree picks the draft's most likely tokens: use TopKTreeDrafter for it "
+                             "(samples reported with their p cannot be reranked without breaking the accept rule)")
+        super().__init__(model, tree)
 
     def _children(self, logits, ranks, sampler, generator):
         probs = sampler.probs(logits)  # (m, vocab)
