@@ -127,18 +127,17 @@ def _generator(seed, device):
     return None if seed is None else torch.Generator(device).manual_seed(seed)
 
 
-def _prefill(model, input_ids, features=False, max_length=None):
-    """Fill a new cache with all prompt tokens but the last, which is returned as pending.
+def _prefill(model, cache, input_ids, features=False):
+    """Feed all prompt tokens but the last into the empty ``cache``; return the last as pending.
 
-    The cache is static, with room for ``max_length`` tokens, when that is given, else dynamic.
     With ``features``, also return the model's features at those T - 1 positions (None for a
     one-token prompt): the last layer's hidden states, the input of the LM head.
     """
-    cache, context, hidden = new_cache(model, max_length), input_ids[:, :-1], None
+    context, hidden = input_ids[:, :-1], None
     if context.shape[1]:
         outputs = model(context, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=features)
         hidden = outputs.hidden_states[-1][0] if features else None  # (T - 1, hidden)
-    return cache, input_ids[0, -1:].tolist(), hidden
+    return input_ids[0, -1:].tolist(), hidden
 
 
 def _target_forward(cache, input_ids, features, forward, **inputs):
@@ -281,10 +280,11 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     generator = _generator(seed, target.device)
     started = time.perf_counter()
     features = drafter.uses_features
+    kv_cache = new_cache(target, static_length)
     if features:  # a drafter that reads the target's features needs the prompt's before it drafts
-        kv_cache, pending, prompt_features = _prefill(target, input_ids, features, static_length)
+        pending, prompt_features = _prefill(target, kv_cache, input_ids, features)
     else:  # the prompt goes into the first verification call, as one more call would cost a step's time
-        kv_cache, pending, prompt_features = new_cache(target, static_length), input_ids[0].tolist(), None
+        pending, prompt_features = input_ids[0].tolist(), None
     forward = compiled(target) if compile else target
     drafter.start(input_ids)
     if prompt_features is not None:
@@ -299,8 +299,7 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
         draft = drafter.propose(budget, sampler, generator, keep_drafting) if budget > 0 else None
         tree = draft is not None and draft.parents is not None
         if tree and len(pending) > 1:  # a tree's mask is built after one pending token: cache the prompt first
-            target(input_ids[:, :-1], past_key_values=kv_cache, use_cache=True, logits_to_keep=1)
-            pending = pending[-1:]
+            pending, _ = _prefill(target, kv_cache, input_ids)
         step_forward = forward if len(pending) == 1 else target  # the prompt's first call runs uncompiled
         step, committed_probs, step_draft_probs, committed_features = (_tree_step if tree else _chain_step)(
             target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, step_forward)

@@ -219,14 +219,15 @@ def grow_dynamic_tree(root_log_probs: torch.Tensor, feed, tree: DynamicTree, dep
     tokens, parents, scores = [], [], []  # every node drafted; scores: its path log-probability
     fed, fed_parents = [], []  # drafted nodes fed to the draft, in order, and their parents' rows there
     frontier, frontier_log_probs, frontier_scores = [-1], root_log_probs[None].float(), [0.0]
-    for level in range(1, min(depth, tree.depth) + 1):
+    levels = min(depth, tree.depth)
+    for level in range(1, levels + 1):
         top = frontier_log_probs.topk(min(tree.width, frontier_log_probs.shape[-1]))  # (f, w)
         level_scores = (torch.tensor(frontier_scores, device=top.values.device)[:, None] + top.values).flatten()
         first = len(tokens)
         tokens += top.indices.flatten().tolist()
         parents += [node for node in frontier for _ in range(top.indices.shape[1])]
         scores += level_scores.tolist()
-        if level == min(depth, tree.depth):
+        if level == levels:
             break
         frontier = sorted(first + i for i in level_scores.topk(min(tree.width, len(level_scores))).indices.tolist())
         rows = {node: row for row, node in enumerate(fed)}
