@@ -2,7 +2,7 @@
 
 For each family of `families` (tiny random models from Hugging Face configs), greedy decoding by
 every method equals the target's own ``generate(do_sample=False)`` token for token: autoregressive
-decoding, a draft model's chain, a draft model's token tree, prompt lookup, the static cache,
+decoding, a draft model's chain, a draft model's token tree, prompt lookup, lookahead decoding, the static cache,
 EAGLE and Medusa heads freshly initialised on the target (exactness does not need trained heads).
 The sliding-window families have a window of 8: prompts of 5 tokens (the window is crossed while
 generating) and of 26 (longer than the window to begin with). Every draft model's embedding is
@@ -14,7 +14,7 @@ import torch
 
 from specbook import DynamicTree, Sampler, autoregressive_generate, speculative_generate
 from specbook.cache import attention_windows
-from specbook.drafters import EagleDrafter, MedusaDrafter, PromptLookupDrafter, TopKTreeDrafter
+from specbook.drafters import EagleDrafter, LookaheadDrafter, MedusaDrafter, PromptLookupDrafter, TopKTreeDrafter
 from specbook.heads import EagleHead, MedusaHeads
 from specbook.models import target_features
 
@@ -49,6 +49,8 @@ def _methods():
             t, EagleDrafter(t, EagleHead(t.config), tree=DynamicTree(3, 2, 5)), x, NEW_TOKENS, k=3, **greedy).token_ids,
         "dynamic_tree": lambda t, d, x: speculative_generate(t, TopKTreeDrafter(d, DynamicTree(3, 3, 6)), x, NEW_TOKENS,
                                                              k=3, **greedy).token_ids,
+        "lookahead": lambda t, d, x: speculative_generate(t, LookaheadDrafter(4, 3, 4), x, NEW_TOKENS, k=2,
+                                                          **greedy).token_ids,
         "medusa_tree": lambda t, d, x: speculative_generate(t, MedusaDrafter(t, MedusaHeads(t.config.hidden_size, 3)),
                                                             x, NEW_TOKENS, k=3, **greedy).token_ids,
     }

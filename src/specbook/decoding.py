@@ -48,7 +48,7 @@ from .models import check_pair, check_token_ids
 from .policies import DraftLength, as_policy
 from .rejection import verify_chain, verify_chain_greedy
 from .sampling import Sampler
-from .trees import tree_model_inputs, verify_tree
+from .trees import tree_model_inputs, tree_positions, verify_tree
 
 
 @dataclass
@@ -66,6 +66,7 @@ class Step:
     next_token: int
     bonus: bool  # True when every draft was accepted and next_token is the free extra token
     tree_nodes: int | None = None  # the size of a tree draft; None for a chain
+    side_nodes: int = field(default=0, repr=False)  # rows scored beside the tree in the same call (lookahead)
 
 
 @dataclass
@@ -231,6 +232,19 @@ def _chain_step(target, cache, pending, draft, drafter, sampler, generator, voca
             hidden[: accepted + 1] if features else None)
 
 
+def _with_side(target, context, draft):
+    """A tree draft's tokens (rows,) and parents, with its side tree (`Draft.side_tokens`) appended when
+    there is one and its deepest row still fits the target's context (near the end it is left out)."""
+    if draft.side_tokens is None or not len(draft.side_tokens):
+        return draft.tokens, draft.parents
+    limit = getattr(target.config, "max_position_embeddings", None)
+    if limit is not None and context + int(tree_positions(draft.side_parents).max()) >= limit:
+        return draft.tokens, draft.parents
+    n = len(draft)
+    side_parents = [parent + n if parent >= 0 else -1 for parent in draft.side_parents]
+    return torch.cat([draft.tokens, draft.side_tokens]), draft.parents + side_parents
+
+
 def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab, features, forward):
     """Verify a tree draft with one target call; keep the accepted path in ``cache`` and tell ``drafter``.
 
@@ -240,12 +254,15 @@ def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab
     """
     if is_static(cache):
         raise ValueError("tree drafts need cache='dynamic': a static cache keeps a chain (a prefix) only")
-    context = cache.get_seq_length()
-    inputs = torch.cat([torch.tensor(pending, device=target.device), draft.tokens])[None]  # (1, n + 1): root, nodes
+    context, n = cache.get_seq_length(), len(draft)
+    tokens, parents = _with_side(target, context, draft)  # the side tree, if any, after the nodes
+    inputs = torch.cat([torch.tensor(pending, device=target.device), tokens])[None]  # (1, rows): root, nodes, side
     logits, hidden = _target_forward(cache, inputs, features, forward,
-                                     **tree_model_inputs(draft.parents, context, 0, target.dtype, target.device,
-                                                                        target.config))
-    target_probs = sampler.probs(logits)  # (n + 1, vocab)
+                                     **tree_model_inputs(parents, context, 0, target.dtype, target.device,
+                                                         target.config))
+    if len(tokens) > n:
+        drafter.observe_side(logits[n + 1:])  # (m, vocab)
+    target_probs = sampler.probs(logits[: n + 1])  # (n + 1, vocab)
     path, next_token, bonus = verify_tree(draft.tokens, draft.parents, _draft_probs(draft, vocab), target_probs,
                                           generator, validate=False)
     committed = [0] + [node + 1 for node in path]  # rows: the root, then the accepted nodes
@@ -253,7 +270,7 @@ def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab
     drafter.update(len(path), next_token, path)
     last = path[-1] if path else -1
     walked = path + [node for node, parent in enumerate(draft.parents) if parent == last][:1]  # + first rejected
-    step = Step(draft.tokens[walked].tolist(), len(path), next_token, bonus, tree_nodes=len(draft))
+    step = Step(draft.tokens[walked].tolist(), len(path), next_token, bonus, tree_nodes=n, side_nodes=len(tokens) - n)
     return (step, target_probs[committed], draft.probs[walked] if draft.probs is not None else None,
             hidden[committed] if features else None)
 

@@ -1,15 +1,17 @@
 """Drafters: everything that proposes tokens for the target to verify.
 
 Every drafter implements the one `Drafter` interface, so the verifier in `specbook.decoding`
-is written once: a model drafter, n-gram / prompt-lookup drafters, tree drafters, Medusa and EAGLE heads.
+is written once: a model drafter, n-gram / prompt-lookup drafters, tree drafters, Medusa and EAGLE heads,
+lookahead decoding.
 """
 
 from .base import Draft, Drafter
 from .eagle import EagleDrafter
+from .lookahead import LookaheadDrafter
 from .medusa import MedusaDrafter
 from .model import ModelDrafter
 from .ngram import LookupDrafter, NGramDrafter, NGramStorage, PromptLookupDrafter
 from .tree import SampledTreeDrafter, TopKTreeDrafter
 
-__all__ = ["Draft", "Drafter", "EagleDrafter", "LookupDrafter", "MedusaDrafter", "ModelDrafter", "NGramDrafter",
-           "NGramStorage", "PromptLookupDrafter", "SampledTreeDrafter", "TopKTreeDrafter"]
+__all__ = ["Draft", "Drafter", "EagleDrafter", "LookaheadDrafter", "LookupDrafter", "MedusaDrafter", "ModelDrafter",
+           "NGramDrafter", "NGramStorage", "PromptLookupDrafter", "SampledTreeDrafter", "TopKTreeDrafter"]

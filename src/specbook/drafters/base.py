@@ -5,7 +5,9 @@ step ``propose`` (up to k tokens, with the distributions they were drawn from) a
 (how many the target accepted and which token it emitted next), so the drafter can roll its
 state back to the accepted prefix and extend it. A tree drafter (`specbook.trees`) proposes a
 `Draft` with ``parents`` and is told which path was accepted. A drafter that reads the target's
-hidden states (Medusa, EAGLE) sets ``uses_features`` and is handed them after every step.
+hidden states (Medusa, EAGLE) sets ``uses_features`` and is handed them after every step. A
+drafter that asks the target to score rows of its own in the same call (lookahead decoding's
+Jacobi window, ``Draft.side_tokens``) is handed their logits.
 """
 
 from dataclasses import dataclass
@@ -23,11 +25,18 @@ class Draft:
     ``parents`` None is a chain: token i continues token i - 1. Otherwise the draft is a token
     tree: ``parents[i]`` is the node token i continues, -1 for the pending token, parents before
     children (`specbook.trees` says which trees verify losslessly).
+
+    ``side_tokens`` (m,) with ``side_parents`` (m,) is a second tree after the pending token that
+    the target scores in the same call but nobody verifies: its rows only feed the drafter's next
+    drafts (`Drafter.observe_side`). ``side_parents`` index the side tree's own nodes, -1 for the
+    pending token. Only a tree draft (``parents`` set) may carry one.
     """
 
     tokens: torch.Tensor  # (n,) long
     probs: torch.Tensor | None = None  # (n, vocab) or None
     parents: list[int] | None = None  # (n,) or None for a chain
+    side_tokens: torch.Tensor | None = None  # (m,) long, or None
+    side_parents: list[int] | None = None  # (m,) or None
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -80,4 +89,9 @@ class Drafter:
         position is what the target predicts the next token from, so the newest one predicts the
         new pending token.
         """
+        raise NotImplementedError
+
+    def observe_side(self, logits: torch.Tensor) -> None:
+        """Only for a drafter whose drafts carry ``side_tokens``: the target's logits (m, vocab) at the side
+        rows of the last call, row i after side node i and its ancestors. Called before ``update``."""
         raise NotImplementedError
