@@ -32,8 +32,10 @@ from specbook.exercises import CHECKS, FAIL, PASS, Outcome, tiny
 from specbook.exercises.ch01 import _warp
 from specbook.exercises.ch04 import speculative_greedy_reference
 from specbook.exercises.ch05 import _lookup_variant
+from specbook.drafters import LookaheadDrafter
 from specbook.drafters.medusa import DEFAULT_TREE
 from specbook.exercises.ch06 import greedy_walk, siblings_output, tree_tokens_per_call_reference
+from specbook.exercises.ch06b import collect_ngrams_reference, greedy_continuation, jacobi_reference
 from specbook.rejection import acceptance_rate, output_distribution, residual_distribution, verify_chain
 from specbook.theory import expected_tokens_per_step, optimal_k, speedup
 from specbook.trees import tree_positions, verify_tree_greedy
@@ -290,6 +292,57 @@ def _tree_tokens_per_call(paths, accuracy, *, step=lambda depth, rank, accuracy:
     return one + sum(np.prod([step(depth, rank, accuracy) for depth, rank in enumerate(path)]) for path in paths)
 
 
+# Chapter 6b
+
+
+def _jacobi_step(next_tokens, prompt, guesses, *, shift=0, sequential=False, per_guess=False, all_rows=False):
+    """One Jacobi iteration by hand, and with switches the usual mistakes."""
+    if sequential:  # each guess from the ones just updated: greedy decoding
+        new = []
+        for _ in guesses:
+            new.append(next_tokens(prompt + new)[-1])
+        return new
+    if per_guess:  # the right tokens, one call each
+        return [next_tokens(prompt + guesses[:i])[-1] for i in range(len(guesses))]
+    rows = next_tokens(prompt + guesses)  # (len(prompt) + m,)
+    start = len(prompt) - 1 + shift
+    return rows if all_rows else rows[start: start + len(guesses)]
+
+
+def _window_parents(window, levels, *, column_major=False, chain_levels=False):
+    """The lookahead window's parents by hand, and with switches the usual mistakes."""
+    def node(j, i):
+        return i * levels + j if column_major else j * window + i
+
+    def parent(j, i):
+        if j == 0 or chain_levels:  # a chain along the level
+            return -1 if i == 0 else node(j, i - 1)
+        return node(j - 1, i)  # the token below it in its column
+
+    tokens = sorted(((j, i) for j in range(levels) for i in range(window)), key=lambda token: node(*token))
+    return [parent(j, i) for j, i in tokens]
+
+
+def _collect_ngrams(levels, new, *, flat=False, without_new=False, newest_first=False, across=False, unique=False):
+    """The N-grams a full window leaves behind, by hand, and with switches the usual mistakes."""
+    if across:
+        return [(level[0], tuple(level[1:])) for level in levels + [new]]
+    columns = [[level[i] for level in levels] + ([] if without_new else [new[i]]) for i in range(len(new))]
+    if newest_first:
+        columns = [column[::-1] for column in columns]
+    ngrams = [tuple(column) if flat else (column[0], tuple(column[1:])) for column in columns]
+    return list(dict.fromkeys(ngrams)) if unique else ngrams
+
+
+def _self_speculative_speedup(alpha, k, layers, exit_layer, overhead, *, with_overhead=True, inverted=False,
+                              overhead_per_step=False, draft_calls=0):
+    """Chapter 3's speedup with c = exit_layer / layers + overhead, and with switches the usual mistakes."""
+    share = layers / exit_layer if inverted else exit_layer / layers
+    cost_ratio = share + (overhead if with_overhead and not overhead_per_step else 0)
+    step_cost = cost_ratio * (k + draft_calls) + 1 + (overhead if overhead_per_step else 0)
+    return expected_tokens_per_step(alpha, k) / step_cost
+
+
 REFERENCES = {
     "accept_draft": lambda x, q, p, u: u < _accept_prob(x, q, p),
     "residual": residual_distribution,
@@ -321,6 +374,10 @@ REFERENCES = {
     "verify_tree_greedily": _verify_tree_greedily,
     "no_residual_output": _no_residual_output,
     "tree_tokens_per_call": _tree_tokens_per_call,
+    "jacobi_step": _jacobi_step,
+    "window_parents": _window_parents,
+    "collect_ngrams": _collect_ngrams,
+    "self_speculative_speedup": _self_speculative_speedup,
 }
 
 WRONG = {
@@ -547,6 +604,45 @@ WRONG = {
         "chapter 3's chain formula at the top accuracy":
             lambda paths, accuracy: expected_tokens_per_step(accuracy[0][0], max(len(path) for path in paths)),
     },
+    "jacobi_step": {
+        "sequential updates, each from the new guesses (Gauss-Seidel)": lambda *args: _jacobi_step(*args,
+                                                                                                   sequential=True),
+        "the right guesses from one call per guess": lambda *args: _jacobi_step(*args, per_guess=True),
+        "each guess from its own row, one too far": lambda *args: _jacobi_step(*args, shift=1),
+        "the prompt left out": lambda next_tokens, prompt, guesses: next_tokens(guesses),
+        "every row returned": lambda *args: _jacobi_step(*args, all_rows=True),
+        "the first guess kept": lambda next_tokens, prompt, guesses: guesses[:1] + _jacobi_step(
+            next_tokens, prompt, guesses)[1:],
+        "the old guesses returned": lambda next_tokens, prompt, guesses: guesses,
+    },
+    "window_parents": {
+        "numbered column by column": lambda *args: _window_parents(*args, column_major=True),
+        "every level a chain of its own": lambda *args: _window_parents(*args, chain_levels=True),
+        "level 0 all children of the pending token": lambda w, l: [-1 if j == 0 else (j - 1) * w + i
+                                                                   for j in range(l) for i in range(w)],
+        "the pending token as node 0, every parent one too high": lambda *args: [
+            parent + 1 for parent in _window_parents(*args)],
+        "a level continues the column to its left": lambda w, l: [
+            (i - 1 if j == 0 else (j - 1) * w + max(i - 1, 0)) for j in range(l) for i in range(w)],
+        "level 0 only": lambda w, l: _window_parents(w, 1),
+    },
+    "collect_ngrams": {
+        "flat N-tuples, not (first, rest)": lambda *args: _collect_ngrams(*args, flat=True),
+        "the new token left out": lambda *args: _collect_ngrams(*args, without_new=True),
+        "newest first": lambda *args: _collect_ngrams(*args, newest_first=True),
+        "the levels read across": lambda *args: _collect_ngrams(*args, across=True),
+        "duplicates removed": lambda *args: _collect_ngrams(*args, unique=True),
+        "the window's next levels instead": lambda levels, new: levels[1:] + [new],
+    },
+    "self_speculative_speedup": {
+        "no overhead": lambda *args: _self_speculative_speedup(*args, with_overhead=False),
+        "c upside down, layers / exit_layer": lambda *args: _self_speculative_speedup(*args, inverted=True),
+        "the overhead once per step": lambda *args: _self_speculative_speedup(*args, overhead_per_step=True),
+        "K + 1 draft calls": lambda *args: _self_speculative_speedup(*args, draft_calls=1),
+        "tokens per step only": lambda alpha, k, *rest: expected_tokens_per_step(alpha, k),
+        "the closed form, 0/0 at alpha = 1": lambda alpha, k, layers, exit_layer, overhead: (
+            (1 - alpha ** (k + 1)) / (1 - alpha) / ((exit_layer / layers + overhead) * k + 1)),
+    },
 }
 
 
@@ -701,6 +797,75 @@ def test_tree_tokens_per_call_matches_greedy_verification_by_simulation():
         emitted.append(len(verify_tree_greedy(tokens, spec.parents, torch.tensor(target_tokens)).path) + 1)
     expected = tree_tokens_per_call_reference(spec.paths, accuracy)
     assert abs(np.mean(emitted) - expected) < 4 * np.std(emitted) / np.sqrt(runs), (np.mean(emitted), expected)
+
+
+CHAPTER_6B_MESSAGES = [  # (checker, wrong answer, what its message must say)
+    ("jacobi_step", "sequential updates, each from the new guesses (Gauss-Seidel)", "that is greedy decoding"),
+    ("jacobi_step", "the right guesses from one call per guess", "One Jacobi iteration is one call"),
+    ("jacobi_step", "each guess from its own row, one too far", "the row before it"),
+    ("jacobi_step", "the prompt left out", "the prompt is left out"),
+    ("jacobi_step", "every row returned", "Keep the"),
+    ("window_parents", "numbered column by column", "column by column"),
+    ("window_parents", "every level a chain of its own", "continues the token below it in its column"),
+    ("window_parents", "level 0 all children of the pending token", "Level 0 is a chain"),
+    ("window_parents", "the pending token as node 0, every parent one too high", "one too high"),
+    ("collect_ngrams", "flat N-tuples, not (first, rest)", "pair (first, rest)"),
+    ("collect_ngrams", "the new token left out", "the new token is missing"),
+    ("collect_ngrams", "newest first", "newest first"),
+    ("collect_ngrams", "the levels read across", "reads the levels across"),
+    ("collect_ngrams", "duplicates removed", "duplicates included"),
+    ("self_speculative_speedup", "no overhead", "the overhead is left out"),
+    ("self_speculative_speedup", "c upside down, layers / exit_layer", "upside down"),
+    ("self_speculative_speedup", "the overhead once per step", "once per step"),
+    ("self_speculative_speedup", "K + 1 draft calls", "K + 1 draft calls"),
+    ("self_speculative_speedup", "the closed form, 0/0 at alpha = 1", "0/0"),
+]
+
+
+@pytest.mark.parametrize("name, label, phrase", CHAPTER_6B_MESSAGES,
+                         ids=[f"{n}: {w}" for n, w, _ in CHAPTER_6B_MESSAGES])
+def test_messages_name_the_mistakes_of_chapter_6b(name, label, phrase):
+    message = CHECKS[name].outcome(WRONG[name][label]).message
+    assert phrase in message, message
+
+
+def test_jacobi_cases_reach_the_greedy_output_and_have_clear_greedy_choices():
+    """From every case's guesses, Jacobi iteration reaches the greedy output in at most m iterations, the
+    first t tokens right after t of them; on the tiny models that output is the engine's, and no near-tie
+    decides a row (a learner may call the model on prompt + guesses[:-1] and round differently)."""
+    fixed_point = False
+    for case in CHECKS["jacobi_step"].cases():
+        next_tokens, prompt, guesses = case.args
+        greedy = greedy_continuation(next_tokens.rows, prompt, len(guesses))
+        fixed_point |= guesses == greedy
+        for t in range(1, len(guesses) + 1):
+            guesses = jacobi_reference(next_tokens.rows, prompt, guesses)
+            assert guesses[:t] == greedy[:t], (case.label, t)
+        assert guesses == greedy, case.label
+        model = next_tokens._model
+        if model is not None:
+            input_ids = torch.tensor([prompt])
+            assert autoregressive_generate(model, input_ids, len(greedy), Sampler(0)).token_ids == greedy
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + case.args[2]])).logits[0]  # (len(prompt) + m, vocab)
+            top_two = logits.topk(2, dim=-1).values
+            assert float((top_two[:, 0] - top_two[:, 1]).min()) >= tiny.MIN_MARGIN, case.label
+    assert fixed_point
+
+
+def test_collect_ngrams_cases_agree_with_the_lookahead_drafter():
+    """The reference is what LookaheadDrafter.observe_side files in its pool from a full window, and the
+    window then drops its oldest level and gains the new one."""
+    for case in CHECKS["collect_ngrams"].cases():
+        levels, new = case.args
+        drafter = LookaheadDrafter(window=len(new), ngram=len(levels) + 1, candidates=len(new))
+        drafter.start(torch.tensor([[0, 1, 2]]))
+        drafter.levels = [list(level) for level in levels]
+        logits = torch.nn.functional.one_hot(torch.tensor(new), 16).float()  # (W, vocab): the last level's rows
+        drafter.observe_side(torch.cat([torch.zeros(len(new) * (len(levels) - 1), 16), logits]))
+        pool = {(first, rest) for first, rests in drafter.pool.items() for rest in rests}
+        assert pool == set(collect_ngrams_reference(levels, new)) == set(case.expected), case.label
+        assert drafter.levels == levels[1:] + [list(new)], case.label
 
 
 def test_decoding_cases_have_clear_greedy_choices_and_agree_with_the_engine():
