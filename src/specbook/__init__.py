@@ -8,8 +8,8 @@ the draft's cost per token relative to the target's.
 from . import display  # noqa: F401  (registers and enables the "specbook" Altair renderer)
 from .decoding import Generation, Stats, Step, autoregressive_generate, speculative_generate
 from .drafters import (Draft, Drafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter, NGramDrafter,
-                       PromptLookupDrafter, SampledTreeDrafter, TopKTreeDrafter)
-from .heads import EagleHead, MedusaHeads
+                       PromptLookupDrafter, SampledTreeDrafter, SelfSpeculativeDrafter, TopKTreeDrafter)
+from .heads import EagleHead, ExitHead, MedusaHeads
 from .models import ModelPair, load_pair
 from .policies import ConfidenceStop, DraftLength, EntropyGuidedK, FixedK, HeuristicK
 from .rejection import acceptance_rate, output_distribution, residual_distribution, verify_chain, verify_chain_greedy
@@ -19,10 +19,11 @@ from .trees import DynamicTree, TreeSpec, tree_attention_mask, tree_positions, v
 
 __all__ = [
     "ConfidenceStop", "Draft", "DraftLength", "Drafter", "DynamicTree", "EagleDrafter", "EagleHead",
-    "EntropyGuidedK", "FixedK", "Generation", "HeuristicK", "LookaheadDrafter", "MedusaDrafter", "MedusaHeads",
-    "ModelDrafter", "ModelPair", "NGramDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "Sampler", "Stats", "Step",
-    "TopKTreeDrafter", "TreeSpec", "acceptance_rate", "autoregressive_generate", "expected_tokens_per_step",
-    "load_pair", "optimal_k", "output_distribution", "residual_distribution", "speculative_generate", "speedup",
+    "EntropyGuidedK", "ExitHead", "FixedK", "Generation", "HeuristicK", "LookaheadDrafter", "MedusaDrafter",
+    "MedusaHeads", "ModelDrafter", "ModelPair", "NGramDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "Sampler",
+    "SelfSpeculativeDrafter", "Stats", "Step", "TopKTreeDrafter", "TreeSpec", "acceptance_rate",
+    "autoregressive_generate", "expected_tokens_per_step", "load_pair", "optimal_k", "output_distribution",
+    "residual_distribution", "speculative_generate", "speedup",
     "tree_attention_mask", "tree_positions", "verify_chain", "verify_chain_greedy", "verify_tree",
     "verify_tree_greedy",
 ]

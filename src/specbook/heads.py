@@ -1,4 +1,4 @@
-"""Heads that draft from the target's own hidden states: Medusa and EAGLE.
+"""Heads that draft from the target's own hidden states: Medusa, EAGLE and an early exit.
 
 Both read the target's *features*: its final hidden states after the final norm, the input of its
 LM head (`specbook.models.target_features`). Neither has an embedding or an LM head of its own: they borrow the
@@ -14,11 +14,23 @@ target's, frozen, and store only what they add.
   is a prediction f̂_{t+1} of the next feature; the target's LM head turns f̂_{t+1} into the draft
   distribution p over x_{t+2}. Feeding (f̂_{t+1}, x_{t+2}) back drafts the next token, and so on.
 
-The drafters that use them live in `specbook.drafters.medusa` and `specbook.drafters.eagle`; the
-training recipes in `specbook.train`. A head saves to a directory: ``config.json`` and
-``model.safetensors`` (float16), with the built-in ones under ``specbook/assets/shakespeare``.
+A third head reads the target *halfway*, for self-speculative decoding, where the draft is the
+target itself cut short (LayerSkip, Elhoushi et al. 2024; Draft & Verify, Zhang et al. 2024;
+Kangaroo, Liu et al. 2024):
+
+- `ExitHead`: a final norm and an LM head of its own, read after the target's first L layers
+  (``exit_layer``). `early_exit_model` builds the draft: the target's embedding and first L layers,
+  shared, finished by the head. Draft & Verify skips layers without training anything; LayerSkip
+  trains the whole model to exit early; Kangaroo, like this head, freezes the target and trains
+  only what sits on top of its shallow layers.
+
+The drafters that use them live in `specbook.drafters.medusa`, `specbook.drafters.eagle` and
+`specbook.drafters.early_exit`; the training recipes in `specbook.train`. A head saves to a
+directory: ``config.json`` and ``model.safetensors`` (float16), with the built-in ones under
+``specbook/assets/shakespeare``.
 """
 
+import copy
 import json
 from pathlib import Path
 
@@ -38,16 +50,20 @@ def check_hidden_size(head, target) -> None:
 
 
 class _Head(nn.Module):
-    """Saving and loading, shared by both heads: ``config.json`` (what `_config` returns) and the weights."""
+    """Saving and loading, shared by the heads: ``config.json`` (what `_config` returns) and the weights."""
 
-    kind = ""  # "medusa" or "eagle": the folder of the built-in head
+    kind = ""  # "medusa", "eagle" or "exit": the folder of the built-in head
 
     def _config(self) -> dict:
         raise NotImplementedError
 
     @classmethod
-    def _from_config(cls, config: dict) -> "_Head":
+    def _from_config(cls, config: dict, target) -> "_Head":
         raise NotImplementedError
+
+    def check_target(self, target) -> None:
+        """Refuse a ``target`` this head was not built for."""
+        check_hidden_size(self, target)
 
     def save(self, directory, dtype=torch.float16) -> None:
         """Write ``config.json`` and ``model.safetensors`` (in ``dtype``) to ``directory``."""
@@ -76,8 +92,8 @@ class _Head(nn.Module):
         config = json.loads((directory / "config.json").read_text())
         if config.pop("kind") != cls.kind:
             raise ValueError(f"{directory} holds no {cls.kind} head")
-        head = cls._from_config(config)
-        check_hidden_size(head, target)
+        head = cls._from_config(config, target)
+        head.check_target(target)
         head.load_state_dict(load_file(directory / "model.safetensors"))
         return head.to(target.device, target.dtype).eval()
 
@@ -117,7 +133,7 @@ class MedusaHeads(_Head):
         return {"hidden_size": self.hidden_size, "num_heads": self.num_heads}
 
     @classmethod
-    def _from_config(cls, config):
+    def _from_config(cls, config, target):
         return cls(config["hidden_size"], config["num_heads"])
 
     @classmethod
@@ -184,10 +200,116 @@ class EagleHead(_Head):
         return {name: getattr(config, name) for name in _LAYER_FIELDS if getattr(config, name, None) is not None}
 
     @classmethod
-    def _from_config(cls, config):
+    def _from_config(cls, config, target):
         from transformers import LlamaConfig
 
         return cls(LlamaConfig(**config))
+
+
+def decoder_parts(model) -> tuple[str, str]:
+    """The names, in ``model.get_decoder()``, of its list of decoder layers and of its final norm.
+
+    Found by shape, the same way in every family: the one child that is a ModuleList of
+    ``num_hidden_layers`` modules (Llama's ``layers``, GPT-2's ``h``) and the one child whose class is
+    a norm (``LlamaRMSNorm``, GPT-2's ``ln_f``, GPT-NeoX's ``final_layer_norm``).
+    """
+    decoder = model.get_decoder()
+    layers = [name for name, child in decoder.named_children()
+              if isinstance(child, nn.ModuleList) and len(child) == model.config.num_hidden_layers]
+    norms = [name for name, child in decoder.named_children() if type(child).__name__.endswith("Norm")]
+    if len(layers) != 1 or len(norms) != 1:
+        raise ValueError(f"cannot find the decoder layers and the final norm of {type(model).__name__}: an early exit "
+                         f"needs a decoder ({type(decoder).__name__}) holding one list of its "
+                         f"{model.config.num_hidden_layers} layers and one final norm (found lists {layers}, "
+                         f"norms {norms})")
+    return layers[0], norms[0]
+
+
+class ExitHead(_Head):
+    """The exit of self-speculative decoding: a final norm and an LM head read after the target's first L layers.
+
+    The draft is the target cut after layer L = ``exit_layer``: p = softmax(lm_head(norm(h_L))), with
+    h_L the hidden state after L layers, verified by the whole target's q (LayerSkip, Elhoushi et
+    al. 2024; Kangaroo, Liu et al. 2024). `for_target` starts the head as copies of the target's
+    final norm and LM head -- an untrained head is the target's own LM head applied early -- and
+    the ``exit`` stage of `specbook.train` fits it to q. The LM head is the head's own, not the
+    target's: a tied target's output embedding is its input embedding, which the draft reads
+    unchanged.
+    """
+
+    kind = "exit"
+
+    def __init__(self, norm: nn.Module, exit_layer: int, hidden_size: int, vocab_size: int, bias: bool = False):
+        super().__init__()
+        self.norm, self.exit_layer, self.hidden_size = norm, exit_layer, hidden_size
+        self.lm_head = nn.Linear(hidden_size, vocab_size, bias=bias)
+
+    @classmethod
+    def for_target(cls, target, exit_layer: int) -> "ExitHead":
+        """An untrained head for ``target``, read after its first ``exit_layer`` layers (in [1, layers - 1])."""
+        output = target.get_output_embeddings()  # (vocab, hidden) weight
+        head = cls(copy.deepcopy(final_norm(target)), exit_layer, *output.weight.shape[::-1], output.bias is not None)
+        head.check_target(target)
+        head.lm_head.load_state_dict(output.state_dict())
+        return head.to(target.device, target.dtype).requires_grad_(True)  # trainable, even when the target is frozen
+
+    def check_target(self, target) -> None:
+        """Refuse a ``target`` without layers after the exit, or whose width or final norm are not the head's."""
+        super().check_target(target)
+        layers = target.config.num_hidden_layers
+        if not isinstance(self.exit_layer, int) or isinstance(self.exit_layer, bool) or \
+                not 1 <= self.exit_layer < layers:
+            raise ValueError(f"exit_layer must be an integer in [1, {layers - 1}]: the draft runs that many of the "
+                             f"target's {layers} layers and the target at least one more (got {self.exit_layer!r})")
+        if type(self.norm) is not type(final_norm(target)):
+            raise ValueError(f"the exit head's norm is a {type(self.norm).__name__} but the target's final norm is a "
+                             f"{type(final_norm(target)).__name__}: a head only fits the target it was trained on")
+
+    def _config(self):
+        return {"exit_layer": self.exit_layer, "hidden_size": self.hidden_size,
+                "vocab_size": self.lm_head.out_features, "bias": self.lm_head.bias is not None}
+
+    @classmethod
+    def _from_config(cls, config, target):
+        return cls(copy.deepcopy(final_norm(target)), config["exit_layer"], config["hidden_size"],
+                   config["vocab_size"], config["bias"])
+
+
+def final_norm(model) -> nn.Module:
+    """The norm ``model`` applies after its last decoder layer (see `decoder_parts`)."""
+    return getattr(model.get_decoder(), decoder_parts(model)[1])
+
+
+def early_exit_model(target, head: ExitHead):
+    """The draft of self-speculative decoding: ``target`` cut after ``head.exit_layer`` layers, finished by ``head``.
+
+    A causal LM of the target's own class, so whatever runs the target runs it (KV caches, sliding
+    windows, Gemma 2's logit cap). It is built on the meta device from a copy of the target's config
+    with ``num_hidden_layers`` = L (and every per-layer list, such as ``layer_types``, cut to L), then
+    handed the target's own modules -- its embeddings, position tables and first L decoder layers --
+    and the head's norm and LM head. Nothing is copied: its parameters are the target's (packed
+    layers included) and the head's, and moving it moves them.
+    """
+    head.check_target(target)
+    layers_name, norm_name = decoder_parts(target)
+    config = copy.deepcopy(target.config)
+    for name, value in list(vars(config).items()):
+        if isinstance(value, (list, tuple)) and len(value) == config.num_hidden_layers:  # per layer: layer_types
+            setattr(config, name, value[: head.exit_layer])
+    config.num_hidden_layers, config.tie_word_embeddings = head.exit_layer, False
+    with torch.device("meta"):
+        model = type(target)(config).eval()  # its own modules are only the ones that wrap the target's
+    source, decoder = target.get_decoder(), model.get_decoder()
+    for name, _ in list(decoder.named_children()):
+        setattr(decoder, name, getattr(source, name))
+    setattr(decoder, layers_name, nn.ModuleList(getattr(source, layers_name)[: head.exit_layer]))
+    setattr(decoder, norm_name, head.norm)
+    model.set_output_embeddings(head.lm_head)
+    unshared = [name for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_meta]
+    if unshared:
+        raise ValueError(f"cannot cut {type(target).__name__} after layer {head.exit_layer}: {unshared} are not "
+                         "modules of its decoder")
+    return model
 
 
 # ----------------------------------------------------------------------------- teacher-forced predictions
@@ -222,6 +344,13 @@ def eagle_predictions(head: EagleHead, target, input_ids: torch.Tensor, noise: f
     return predicted, features[:, 1:]
 
 
+def exit_predictions(head: ExitHead, target, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The early exit's logits and the target's, both (batch, n, vocab), on ``input_ids`` (batch, n)."""
+    with torch.no_grad():
+        target_logits = target(input_ids).logits
+    return early_exit_model(target, head)(input_ids).logits, target_logits
+
+
 @torch.no_grad()
 def head_accuracy(target, head, tokens: torch.Tensor, block_size: int = 256, max_windows: int = 32, top: int = 5,
                   batch_size: int = 8) -> dict:
@@ -229,18 +358,25 @@ def head_accuracy(target, head, tokens: torch.Tensor, block_size: int = 256, max
 
     Medusa: ``top1`` and ``top{top}`` per head, the share of positions whose token i + 2 ahead is the
     head's best guess (or among its ``top`` best). EAGLE: the same for its one step, x_{t+2} from
-    (f_t, x_{t+1}) with true features -- comparable to Medusa's head 0, which sees f_t alone.
+    (f_t, x_{t+1}) with true features -- comparable to Medusa's head 0, which sees f_t alone. Exit
+    head: the same for x_{t+1} from layer L, and ``agreement``, the share of positions where its best
+    guess is the target's (teacher-forced top-1 agreement).
     """
     windows = min(max_windows, len(tokens) // block_size)
     input_ids = tokens[: windows * block_size].view(windows, block_size).to(target.device)
-    hits = []  # per batch, per head: (positions, top) bool
+    hits, agreed = [], []  # per batch, per head: (positions, top) bool; per batch: (positions,) bool
     for batch in input_ids.split(batch_size):
         if isinstance(head, MedusaHeads):
             pairs = medusa_predictions(head, target, batch)
+        elif isinstance(head, ExitHead):
+            logits, target_logits = exit_predictions(head, target, batch)  # (batch, n, vocab) each
+            agreed.append((logits.argmax(-1) == target_logits.argmax(-1)).flatten())
+            pairs = [(logits[:, :-1].float(), batch[:, 1:])]
         else:
             predicted, _ = eagle_predictions(head, target, batch)
             pairs = [(target.get_output_embeddings()(predicted[:, :-1]).float(), batch[:, 2:])]
         hits.append([(logits.topk(top, -1).indices == labels[..., None]).flatten(0, 1) for logits, labels in pairs])
     hits = [torch.cat(per_head) for per_head in zip(*hits)]
-    return {"top1": [float(hit[:, 0].float().mean()) for hit in hits],
-            f"top{top}": [float(hit.any(-1).float().mean()) for hit in hits]}
+    accuracy = {"top1": [float(hit[:, 0].float().mean()) for hit in hits],
+                f"top{top}": [float(hit.any(-1).float().mean()) for hit in hits]}
+    return {**accuracy, "agreement": float(torch.cat(agreed).float().mean())} if agreed else accuracy

@@ -2,11 +2,12 @@
 
 Every drafter implements the one `Drafter` interface, so the verifier in `specbook.decoding`
 is written once: a model drafter, n-gram / prompt-lookup drafters, tree drafters, Medusa and EAGLE heads,
-lookahead decoding.
+lookahead decoding, self-speculative decoding.
 """
 
 from .base import Draft, Drafter
 from .eagle import EagleDrafter
+from .early_exit import SelfSpeculativeDrafter
 from .lookahead import LookaheadDrafter
 from .medusa import MedusaDrafter
 from .model import ModelDrafter
@@ -14,4 +15,5 @@ from .ngram import LookupDrafter, NGramDrafter, NGramStorage, PromptLookupDrafte
 from .tree import SampledTreeDrafter, TopKTreeDrafter
 
 __all__ = ["Draft", "Drafter", "EagleDrafter", "LookaheadDrafter", "LookupDrafter", "MedusaDrafter", "ModelDrafter",
-           "NGramDrafter", "NGramStorage", "PromptLookupDrafter", "SampledTreeDrafter", "TopKTreeDrafter"]
+           "NGramDrafter", "NGramStorage", "PromptLookupDrafter", "SampledTreeDrafter", "SelfSpeculativeDrafter",
+           "TopKTreeDrafter"]

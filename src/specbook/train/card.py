@@ -2,7 +2,7 @@
 
 import json
 
-from ..heads import EagleHead, MedusaHeads, head_accuracy
+from ..heads import EagleHead, ExitHead, MedusaHeads, early_exit_model, head_accuracy
 from .corpus import HELD_OUT_PLAYS, encode_file
 from .loop import TrainConfig, copy_losses, evaluate
 from .models import MODEL_CONFIGS, load_trained
@@ -51,6 +51,7 @@ def write_card(out, work, log):
         copy_verdict=_copy_verdict(*copying),
     )
     card += heads_section(out, pair, prompts, valid_tokens)
+    card += exit_section(out, pair, prompts, valid_tokens)
     (out / "README.md").write_text(card)
     print(card)
 
@@ -87,6 +88,27 @@ def heads_section(out, pair, prompts, valid_tokens):
         medusa_minutes=meta["medusa"]["seconds"] / 60, eagle_minutes=meta["eagle"]["seconds"] / 60,
         medusa_kb=size_kb["medusa"], eagle_kb=size_kb["eagle"],
         accuracy_rows="\n".join(accuracy_rows), acceptance_rows="\n".join(acceptance_rows), prompts=len(prompts))
+
+
+def exit_section(out, pair, prompts, valid_tokens):
+    """The model card's section on the exit head in ``out`` (self-speculative decoding), measured on ``pair``."""
+    if not (out / "exit" / "config.json").exists():
+        return "\n## Exit head\n\nNot trained yet: `python -m specbook.train --stages exit,card`\n"
+    from ..bench import acceptance, measure_alpha
+    from ..drafters.early_exit import SelfSpeculativeDrafter
+
+    trained = ExitHead.from_pretrained(out / "exit", pair.target)
+    rows = []
+    for name, head in (("trained", trained), ("untrained", ExitHead.for_target(pair.target, trained.exit_layer))):
+        alpha = measure_alpha(pair.target, early_exit_model(pair.target, head), prompts)
+        chain = acceptance(pair.target, SelfSpeculativeDrafter(pair.target, head), prompts)
+        rows.append(f"| {name} | {head_accuracy(pair.target, head, valid_tokens)['agreement']:.3f} | "
+                    f"{alpha['greedy']:.3f} | {alpha['sampled']:.3f} | {chain['tokens_per_step']:.2f} |")
+    meta = json.loads((out / "exit" / "training.json").read_text())
+    return EXIT_CARD.format(
+        exit_layer=trained.exit_layer, layers=pair.target.config.num_hidden_layers, steps=meta["step"],
+        minutes=meta["seconds"] / 60, size_kb=(out / "exit" / "model.safetensors").stat().st_size / 1e3,
+        rows="\n".join(rows), prompts=len(prompts))
 
 
 def _phases(meta):
@@ -188,4 +210,26 @@ and the acceptance rate.
 | drafter | tokens per target call | acceptance rate |
 |---|---|---|
 {acceptance_rows}
+"""
+
+
+EXIT_CARD = """
+## Exit head: self-speculative decoding
+
+The target drafts for itself (`specbook.drafters.SelfSpeculativeDrafter`; LayerSkip, Draft & Verify,
+Kangaroo): its embedding and the first {exit_layer} of its {layers} layers, shared, finished by an exit
+head -- a final norm and an LM head of its own, trained by the `exit` stage ({steps} steps, {minutes:.0f} min,
+{size_kb:.0f} kB in float16) to minimise KL(q || p) against the frozen target. The untrained head
+is the target's own final norm and LM head applied after layer {exit_layer}. Load it with
+`SelfSpeculativeDrafter.from_pretrained("shakespeare", pair.target)`.
+
+Teacher-forced agreement on the held-out plays: the share of positions where the exit's best
+guess is the target's (`specbook.heads.head_accuracy`). Acceptance along the target's
+continuations of the {prompts} held-out prompts (`specbook.bench.measure_alpha`, 64 tokens each):
+greedy, and sampled at temperature 1 (mean sum min(p, q)). Tokens per target call: greedy
+chains of k = 4 (`specbook.bench.acceptance`).
+
+| exit head | agreement | α greedy | α sampled | tokens per target call |
+|---|---|---|---|---|
+{rows}
 """

@@ -9,16 +9,17 @@ from pathlib import Path
 
 import torch
 
-from ..heads import EagleHead, MedusaHeads
+from ..heads import EagleHead, ExitHead, MedusaHeads
 from .card import write_card
 from .corpus import build_corpus, encode_file, heldout_prompts, train_tokenizer
-from .heads import eagle_loss, medusa_loss, save_head, train_head
+from .heads import eagle_loss, exit_loss, medusa_loss, save_head, train_head
 from .loop import TrainConfig, copy_losses, evaluate, train_model
 from .models import MODEL_CONFIGS, blend, grow, load_trained, model_shape, new_model, save_model
 
 
 DESCRIPTION = "Reproducible training of the built-in Shakespeare model pair."
-STAGES = ("corpus", "tokenizer", "target", "copy", "draft", "medusa", "eagle", "card")
+EXIT_LAYER = 1  # the exit with the best modelled speedup on the built-in target (its training.json, "exit_layers")
+STAGES = ("corpus", "tokenizer", "target", "copy", "draft", "medusa", "eagle", "exit", "card")
 
 
 def main(argv=None):
@@ -37,6 +38,9 @@ def main(argv=None):
     parser.add_argument("--medusa-steps", type=int, default=300)
     parser.add_argument("--medusa-heads", type=int, default=4, help="how many Medusa heads (default: %(default)s)")
     parser.add_argument("--eagle-steps", type=int, default=500)
+    parser.add_argument("--exit-layer", type=int, default=EXIT_LAYER,
+                        help="the exit head reads the target after this many layers (default: %(default)s)")
+    parser.add_argument("--exit-steps", type=int, default=400)
     parser.add_argument("--target-width", type=int, default=None, help="another target size: its hidden size")
     parser.add_argument("--target-layers", type=int, default=None, help="another target size: its depth")
     parser.add_argument("--draft-width", type=int, default=None, help="another draft size: its hidden size")
@@ -142,7 +146,7 @@ def main(argv=None):
             state["final"] = evaluate(model, valid_tokens, config, args.device, teacher=target)
             meta = {"config": asdict(config), "hardware": hardware, "distilled": teacher is not None, **state}
             save_model(model, out / name, meta)
-    if stages & {"medusa", "eagle"}:
+    if stages & {"medusa", "eagle", "exit"}:
         target = load_trained(out / "target", args.device).requires_grad_(False)
     if "medusa" in stages:
         config = TrainConfig(steps=args.medusa_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 3,
@@ -159,6 +163,17 @@ def main(argv=None):
         state = train_head(head, eagle_loss, target, train_tokens, valid_tokens, config, work / "ckpt-eagle",
                            args.device, desc="eagle")
         save_head(head, out / "eagle", {"config": asdict(config), "hardware": hardware, **state})
+    if "exit" in stages:
+        config = TrainConfig(steps=args.exit_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 7,
+                             ckpt_every=args.ckpt_every)
+        try:
+            head = ExitHead.for_target(target, args.exit_layer)
+        except ValueError as error:
+            parser.error(f"--exit-layer: {error}")
+        ckpt_dir = work / f"ckpt-exit-{args.exit_layer}"  # one per exit layer: never resume another layer's head
+        state = train_head(head, exit_loss, target, train_tokens, valid_tokens, config, ckpt_dir, args.device,
+                           desc=f"exit after layer {args.exit_layer}")
+        save_head(head, out / "exit", {"config": asdict(config), "hardware": hardware, **state})
     if "card" in stages:
         from ..bench import machine
         write_card(out, work, {"machine": machine()})

@@ -1,4 +1,4 @@
-"""Medusa and EAGLE heads trained on the frozen target (`specbook.heads`): their losses, and saving."""
+"""Medusa, EAGLE and exit heads trained on the frozen target (`specbook.heads`): their losses, and saving."""
 
 import json
 from functools import partial
@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..heads import eagle_predictions, head_accuracy, medusa_predictions
-from .loop import train_model
+from ..heads import eagle_predictions, exit_predictions, head_accuracy, medusa_predictions
+from .loop import _kl, train_model
 
 
 def medusa_loss(heads, target, inputs, targets, decay=0.8):
@@ -37,6 +37,19 @@ def eagle_loss(head, target, inputs, targets, noise=0.1, classification_weight=0
     target_probs = lm_head(true).float().softmax(-1)  # (batch, block, vocab)
     draft_logp = lm_head(predicted).float().log_softmax(-1)
     return F.smooth_l1_loss(predicted, true) - classification_weight * (target_probs * draft_logp).sum(-1).mean()
+
+
+def exit_loss(head, target, inputs, targets):
+    """KL(q || p) from the target's next-token distribution q to the early exit's p, at every position.
+
+    Distillation, as Kangaroo trains its adapter on the full model's distribution (Liu et al. 2024)
+    and as the built-in draft model was trained: a draft is accepted for agreeing with q, not with
+    the text, and q's whole distribution says more per position than the one token of the text. No
+    cross-entropy term on the text: where the text and q disagree it would pull p away from q, and
+    α = 1 - TV(p, q) rewards only closeness to q. ``targets`` is unused: the labels are the target's.
+    """
+    exit_logits, target_logits = exit_predictions(head, target, inputs)  # (batch, block, vocab) each
+    return _kl(target_logits.float().log_softmax(-1), exit_logits.float())
 
 
 def save_head(head, out_dir, meta):
