@@ -79,6 +79,25 @@ def test_the_profile_suite_splits_a_step_for_each_k(capsys):
     assert "linear layers as loaded" in capsys.readouterr().out
 
 
+def test_the_family_suite_writes_one_row_per_method_category_and_sampling(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "family.json"
+    main(["bench", "--suite", "family", "--categories", "open,repetitive", "--max-new-tokens", "6", "--repeats", "1",
+          "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 12 * 2 * 2  # AR and 11 methods, two kinds of text, greedy and sampled
+    assert {"method", "category", "sampling", "tokens_per_call", "speedup_vs_ar", "same_tokens",
+            "acceptance_rate", "positions_per_call"} <= set(rows[0])
+    assert all(row["same_tokens"] for row in rows if row["sampling"] == "greedy")  # checked by the suite too
+    assert all(row["same_tokens"] is None for row in rows if row["sampling"] == "sampled")
+    assert any(row["positions_per_call"] > 10 for row in rows if row["method"].startswith("lookahead"))
+    assert "speedup over autoregressive decoding" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["bench", "--suite", "family", "--categories", "open,poetry"])
+    assert "unknown ['poetry']" in capsys.readouterr().err
+
+
 def test_the_heads_suite_refuses_another_pair(capsys):
     """The heads were trained on the built-in target: refused before anything is loaded (no download)."""
     with pytest.raises(SystemExit):

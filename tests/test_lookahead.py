@@ -100,6 +100,16 @@ def test_lookahead_accepts_what_the_window_found():
     assert result.token_ids == hf_greedy(model, prompt, 40)
     assert sum(step.accepted for step in result.steps) > 5
     assert {step.side_nodes for step in result.steps} == {4, 8}  # one level, then the whole window
+    scored = [1 + step.tree_nodes + step.side_nodes for step in result.steps]  # pending, trie, window
+    assert result.stats.positions_per_call == pytest.approx(sum(scored) / len(scored))
+
+
+def test_positions_per_call_of_a_chain(target, draft):
+    """The pending token and K drafts: the last step drafts fewer, to stop at max_new_tokens."""
+    result = speculative_generate(target, draft, torch.tensor([[1, 2, 3]]), 20, k=3, sampler=Sampler(0))
+    assert result.stats.positions_per_call == pytest.approx(
+        sum(1 + len(step.drafted) for step in result.steps) / len(result.steps))
+    assert autoregressive_generate(target, torch.tensor([[1, 2, 3]]), 5).stats.positions_per_call == 1
 
 
 def test_the_window_is_left_out_where_it_would_pass_the_context():

@@ -39,6 +39,17 @@ INPUT_GROUNDED = [
     "NERISSA:\nMadam, you said: The quality of mercy is not strain'd,\nIt droppeth",
 ]
 PROMPT_SETS = {"open": OPEN_ENDED, "grounded": INPUT_GROUNDED}
+# A third kind for the comparison of every method: text that repeats a pattern (refrains, chants, lists).
+REPETITIVE = [
+    "FIRST WITCH:\nDouble, double toil and trouble;\nFire burn and cauldron bubble.\n\nSECOND WITCH:\n"
+    "Double, double toil and trouble;\nFire burn and cauldron bubble.\n\nTHIRD WITCH:\nDouble, double",
+    "CAPULET:\nGood night, good night! Good night, good night!\n\nNURSE:\nGood night, good night!\n\n"
+    "ROMEO:\nGood night, good",
+    "MACBETH:\nTo-morrow, and to-morrow, and to-morrow, and to-morrow, and to-morrow, and",
+    "FIRST LORD:\nGod save the king!\n\nSECOND LORD:\nGod save the king!\n\nTHIRD LORD:\nGod save the king!\n\n"
+    "FOURTH LORD:\nGod",
+]
+CATEGORIES = {"open": OPEN_ENDED, "grounded": INPUT_GROUNDED, "repetitive": REPETITIVE}
 
 
 @dataclass
@@ -180,6 +191,37 @@ def heads_and_trees(pair, medusa, eagle, sampler, max_new_tokens, k=4, stop_thre
     ]
 
 
+def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4):
+    """Chapter 6's comparison of every method the book runs, on one target: each drafter at the setting
+    the book found good for it. Chains draft up to ``k``; every static tree is Medusa's 16-node tree
+    (`DEFAULT_TREE`, depth 4), every dynamic one EAGLE-2's (depth 5, width 3, 16 nodes); lookahead
+    has a window of 5, 4-grams and 5 candidates; the heads (``medusa``, ``eagle``, ``exit_head``) are
+    trained on ``pair.target``. Under sampling the draft model's tree is sampled, not its top-k.
+    """
+    from .drafters import (EagleDrafter, LookaheadDrafter, MedusaDrafter, NGramDrafter, PromptLookupDrafter,
+                           SampledTreeDrafter, SelfSpeculativeDrafter, TopKTreeDrafter)
+    from .policies import EntropyGuidedK
+    from .trees import DynamicTree
+
+    target, tree, dynamic = pair.target, DEFAULT_TREE, DynamicTree(5, 3, 16)
+    model_tree = TopKTreeDrafter if sampler.greedy else SampledTreeDrafter
+    rows = [
+        ("draft model, chain", pair.draft, k),
+        ("draft model, chain, EGAG", pair.draft, EntropyGuidedK()),
+        (f"draft model, {len(tree)}-node tree", model_tree(pair.draft, tree), tree.depth),
+        ("prompt lookup", PromptLookupDrafter(), k),
+        ("NASD", NGramDrafter(), k),
+        ("lookahead (W=5, N=4, G=5)", LookaheadDrafter(5, 4, 5), 3),
+        (f"Medusa, {len(tree)}-node tree", MedusaDrafter(target, medusa, tree=tree), tree.depth),
+        ("EAGLE, chain", EagleDrafter(target, eagle), k),
+        (f"EAGLE, {len(tree)}-node tree", EagleDrafter(target, eagle, tree=tree), tree.depth),
+        (f"EAGLE-2, dynamic {dynamic.nodes}-node tree", EagleDrafter(target, eagle, tree=dynamic), dynamic.depth),
+        (f"self-speculative, exit after layer {exit_head.exit_layer}", SelfSpeculativeDrafter(target, exit_head), k),
+    ]
+    return [autoregressive(target, sampler, max_new_tokens)] + [
+        speculative(target, drafter, length, sampler, max_new_tokens, name=name) for name, drafter, length in rows]
+
+
 def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every_prompt=False):
     """Time every method on every prompt (``prompts``: list of (1, T) tensors); return a list of row dicts.
 
@@ -223,6 +265,7 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
                                         else float("nan")),
                      "acceptance_rate": _mean([s.acceptance_rate for s in measured]),
                      "tokens_per_call": _mean([s.tokens_per_step for s in measured]),
+                     "positions_per_call": _mean([s.positions_per_call for s in measured]),
                      "draft_calls_per_token": sum(s.draft_calls for s in measured) / tokens if measured else float("nan")})
     for row, method_outputs in zip(rows, outputs):
         row["speedup"] = rows[0]["seconds"] / row["seconds"]

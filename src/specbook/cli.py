@@ -5,6 +5,7 @@
     python -m specbook bench --suite heads --ks 4
     python -m specbook bench --suite gpu --device cuda --dtype bfloat16 --json results/gpu.json
     python -m specbook bench --suite profile --ks 2,4
+    python -m specbook bench --suite family --json results/family.json
     python -m specbook chat
 """
 
@@ -14,7 +15,7 @@ import sys
 
 import torch
 
-from .bench import PROMPT_SETS, ablation, comparison, heads_and_trees, machine, run_benchmark
+from .bench import CATEGORIES, PROMPT_SETS, ablation, comparison, family, heads_and_trees, machine, run_benchmark
 from .decoding import autoregressive_generate, speculative_generate
 from .gpu import gpu_benchmark, write_results
 from .models import BUILT_IN, load_pair
@@ -29,6 +30,14 @@ def _positive_int(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1 (got {text})")
     return value
+
+
+def _choices(text, allowed):
+    chosen = text.split(",")
+    unknown = [name for name in chosen if name not in allowed]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {unknown}: choose from {', '.join(allowed)}")
+    return chosen
 
 
 def _add_model_options(parser):
@@ -79,12 +88,13 @@ def generate(args):
             args.trace)
 
 
-def _built_in_heads(pair):
-    """The Medusa heads and the EAGLE head trained on the built-in pair's target."""
-    from .heads import EagleHead, MedusaHeads
+def _built_in_heads(pair, kinds=("medusa", "eagle")):
+    """The heads of ``kinds`` trained on the built-in pair's target: Medusa's, EAGLE's, the exit head."""
+    from .heads import EagleHead, ExitHead, MedusaHeads
 
+    classes = {"medusa": MedusaHeads, "eagle": EagleHead, "exit": ExitHead}
     try:
-        return MedusaHeads.from_pretrained(pair.name, pair.target), EagleHead.from_pretrained(pair.name, pair.target)
+        return [classes[kind].from_pretrained(pair.name, pair.target) for kind in kinds]
     except FileNotFoundError as error:
         raise ValueError(str(error)) from error
 
@@ -92,9 +102,9 @@ def _built_in_heads(pair):
 def bench(args):
     import pandas as pd
 
-    if args.suite == "heads" and (args.target or args.draft or args.pair not in (None, *BUILT_IN)):
-        raise ValueError("--suite heads needs a built-in pair (--pair shakespeare, the default): its Medusa and "
-                         "EAGLE heads were trained on that target's features and fit no other model")
+    if args.suite in ("heads", "family") and (args.target or args.draft or args.pair not in (None, *BUILT_IN)):
+        raise ValueError(f"--suite {args.suite} needs a built-in pair (--pair shakespeare, the default): its heads "
+                         "were trained on that target's hidden states and fit no other model")
     pair = _load(args)
     if args.suite == "gpu":
         return _gpu_bench(pair, args)
@@ -103,6 +113,8 @@ def bench(args):
         pack_linears(pair.target)
     if args.suite == "profile":
         return _profile(pair, args, packed)
+    if args.suite == "family":
+        return _family_bench(pair, args, packed)
     sampler = Sampler(args.temperature, args.top_k, args.top_p)
     if args.suite == "comparison":
         methods = comparison(pair, sampler, args.max_new_tokens, args.ks, args.hf)
@@ -136,6 +148,41 @@ def _gpu_bench(pair, args):
               f"the fastest HF setting ({best['fastest_hf']})")
     if args.json:
         write_results(results, args.json)
+        print(f"written to {args.json}", file=sys.stderr)
+
+
+def _family_bench(pair, args, packed):
+    """Every method on every kind of text (`specbook.bench.family`), greedy and sampled (at --temperature, 1 if
+    it is 0); one row per method, category and sampling, written as JSON. A greedy row whose tokens differ from
+    autoregressive decoding's stops the run: exactness is checked, not assumed."""
+    import pandas as pd
+
+    heads = _built_in_heads(pair, ("medusa", "eagle", "exit"))
+    samplings = {"greedy": Sampler(0), "sampled": Sampler(args.temperature or 1.0, args.top_k, args.top_p)}
+    rows = []
+    for sampling, sampler in samplings.items():
+        methods = family(pair, *heads, sampler, args.max_new_tokens, max(args.ks))
+        for category in args.categories:
+            prompts = [pair.encode(text) for text in CATEGORIES[category]]
+            for row in run_benchmark(methods, prompts, args.repeats, args.seed):
+                if sampling == "greedy" and not row["same_tokens"]:
+                    raise AssertionError(f"{row['method']} changed the greedy output on the {category} prompts")
+                kept = ("k", "tokens_per_call", "acceptance_rate", "positions_per_call", "ms_per_token",
+                        "draft_calls_per_token")
+                rows.append({"method": row["method"], "category": category, "sampling": sampling,
+                             "speedup_vs_ar": row["speedup"],
+                             "same_tokens": row["same_tokens"] if sampling == "greedy" else None,
+                             **{key: row[key] for key in kept}})
+    table = pd.DataFrame(rows)
+    print(table.pivot_table(index="method", columns=["sampling", "category"], values="speedup_vs_ar", sort=False)
+          .to_string(float_format=lambda x: f"{x:.2f}"))
+    print(f"speedup over autoregressive decoding, {machine()}, the target's linear layers "
+          f"{'packed' if packed else 'as loaded'}, {args.max_new_tokens} new tokens, {args.repeats} repeats")
+    if args.json:
+        results = {"machine": machine(), "packed_target": packed, "max_new_tokens": args.max_new_tokens,
+                   "repeats": args.repeats, "sampled_temperature": samplings["sampled"].temperature,
+                   "rows": [{key: None if value != value else value for key, value in row.items()} for row in rows]}
+        write_results(results, args.json)  # NaN (nothing drafted, no stats) as null
         print(f"written to {args.json}", file=sys.stderr)
 
 
@@ -228,14 +275,18 @@ def main(argv=None):
     _add_model_options(gen)
     _add_sampling_options(gen)
     ben = commands.add_parser("bench", help="benchmark AR, speculative (several K) and HF assisted generation")
-    ben.add_argument("--suite", choices=["comparison", "ablation", "heads", "gpu", "profile"], default="comparison",
+    ben.add_argument("--suite", choices=["comparison", "ablation", "heads", "gpu", "profile", "family"],
+                     default="comparison",
                      help="comparison: AR, speculative for each K, HF assisted (chapter 4); ablation: model "
                           "drafter, EGAG, NASD, prompt lookup (chapter 5); heads: the model drafter as a chain "
                           "and a tree, Medusa and EAGLE (chapter 6, built-in pair only); gpu: the GPU path "
                           "(static caches, compiled steps) against AR and HF assisted, greedy and sampled, "
                           "written with --json (chapter 4); profile: where a speculative step's time goes, "
-                          "for each K (specbook.profile)")
+                          "for each K (specbook.profile); family: every method of the book on every kind of "
+                          "text, greedy and sampled, written with --json (chapter 6, built-in pair only)")
     ben.add_argument("--prompts", choices=["open", "grounded", "both"], default="both")
+    ben.add_argument("--categories", type=lambda text: _choices(text, CATEGORIES), default=list(CATEGORIES),
+                     help=f"--suite family: the kinds of text (default: {','.join(CATEGORIES)})")
     ben.add_argument("--ks", type=lambda text: [_positive_int(k) for k in text.split(",")], default=[1, 2, 3, 4, 6],
                      help="draft lengths (default: 1,2,3,4,6; the ablation sweeps the model drafter over them "
                           "and gives the lookup drafters the largest; the heads suite uses the largest)")
@@ -243,7 +294,7 @@ def main(argv=None):
     ben.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
                      help="include Hugging Face assisted generation (default: yes)")
     ben.add_argument("--out", help="write the table as CSV")
-    ben.add_argument("--json", help="--suite gpu: write the results file (JSON) here")
+    ben.add_argument("--json", help="--suite gpu and family: write the results file (JSON) here")
     ben.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
                      help="pack the target's linear layers once for oneDNN, for every method alike, where the "
                           "target is on the CPU (specbook.packed; default: yes)")

@@ -77,6 +77,8 @@ class Stats:
     # chance that some candidate at the current node is accepted: a chain is a tree with one candidate per depth)
     tokens_per_step: float  # new tokens per target call
     seconds: float  # wall time of the whole generation, prefill included
+    positions_per_call: float = 1.0  # positions each target call scored after the prompt: the pending token, then
+    # the drafts (a chain's, a tree's nodes, a lookahead window): what a call costs where it is not free to widen
 
 
 @dataclass
@@ -336,5 +338,7 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
         acceptance_rate=accepted / (accepted + rejected) if accepted + rejected else float("nan"),
         tokens_per_step=len(token_ids) / len(steps),
         seconds=time.perf_counter() - started,
+        positions_per_call=sum(1 + (step.tree_nodes or len(step.drafted)) + step.side_nodes
+                               for step in steps) / len(steps),
     )
     return Generation(token_ids, stats, steps, text)
