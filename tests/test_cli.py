@@ -83,10 +83,10 @@ def test_the_family_suite_writes_one_row_per_method_category_and_sampling(tmp_pa
     import json
 
     out = tmp_path / "family.json"
-    main(["bench", "--suite", "family", "--categories", "open,repetitive", "--max-new-tokens", "6", "--repeats", "1",
+    main(["bench", "--suite", "family", "--categories", "repetitive", "--max-new-tokens", "5", "--repeats", "1",
           "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 12 * 2 * 2  # AR and 11 methods, two kinds of text, greedy and sampled
+    assert len(rows) == 12 * 2  # AR and 11 methods, greedy and sampled
     assert {"method", "category", "sampling", "tokens_per_call", "speedup_vs_ar", "same_tokens",
             "acceptance_rate", "positions_per_call"} <= set(rows[0])
     assert all(row["same_tokens"] for row in rows if row["sampling"] == "greedy")  # checked by the suite too

@@ -149,3 +149,15 @@ def test_a_static_cache_is_refused():
     model = tiny_model()
     with pytest.raises(ValueError, match="tree drafts need cache='dynamic'"):
         speculative_generate(model, LookaheadDrafter(), torch.tensor([[1, 2, 3]]), 8, k=3, cache="static")
+
+
+def test_lookahead_on_the_built_in_pair():
+    """The book's target, an open prompt: exact, and more than one token per call (chapter 6b)."""
+    from specbook import load_pair
+    from specbook.bench import OPEN_ENDED
+
+    pair = load_pair("shakespeare")
+    prompt = pair.encode(OPEN_ENDED[1])
+    expected = autoregressive_generate(pair.target, prompt, 48, Sampler(0)).token_ids
+    result = speculative_generate(pair.target, LookaheadDrafter(), prompt, 48, k=3, sampler=Sampler(0))
+    assert result.token_ids == expected and result.stats.tokens_per_step > 1.5
