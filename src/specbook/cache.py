@@ -30,7 +30,7 @@ refuses them.
 """
 
 import torch
-from transformers import DynamicCache, StaticCache
+from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
 CACHES = ("dynamic", "static")
@@ -72,8 +72,15 @@ def new_cache(model, max_length: int | None = None):
     """An empty cache for ``model``: dynamic, or static with room for ``max_length`` tokens when given.
 
     Every layer keeps its full history, sliding-window layers included (see the module docstring).
+    An encoder-decoder model gets a dynamic ``EncoderDecoderCache``: its decoder's self-attention,
+    cropped by `rollback`, and its cross-attention, filled once and kept (`specbook.seq2seq`).
     """
     attention_windows(model.config)
+    if getattr(model.config, "is_encoder_decoder", False):
+        if max_length is not None:
+            raise ValueError("encoder-decoder models decode with cache='dynamic': the static path is for "
+                             "decoder-only models")
+        return EncoderDecoderCache(DynamicCache(), DynamicCache())
     if max_length is None:
         return DynamicCache()
     if not isinstance(max_length, int) or max_length < 1:

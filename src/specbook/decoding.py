@@ -25,6 +25,10 @@ them from the same target calls: the engine asks the target for its hidden state
 the last layer's (its features) at the committed positions to the drafter. The logits stay the
 model's own, whatever it does after its LM head (Gemma 2 caps them with a tanh).
 
+An encoder-decoder target (T5, BART, Marian) runs its encoder once per generation; the loops then
+decode with a view of its decoder that is called like a causal LM (`specbook.seq2seq`), and only
+the decoder's self-attention cache rolls back.
+
 The target's distribution is never cut: q spans the target's whole vocabulary. A draft model
 whose embedding has fewer rows (real pairs pad their embedding matrices to different multiples)
 reports a p that is zero on the rows it lacks, which the accept rule handles like any other p.
@@ -48,6 +52,7 @@ from .models import check_pair, check_token_ids
 from .policies import DraftLength, as_policy
 from .rejection import verify_chain, verify_chain_greedy
 from .sampling import Sampler
+from .seq2seq import EncoderDecoderView, decoder_start, encode, is_encoder_decoder
 from .trees import tree_model_inputs, tree_positions, verify_tree
 
 
@@ -107,6 +112,29 @@ def _check_inputs(model, input_ids, max_new_tokens, cache="dynamic", compile=Fal
     check_cache_options(cache, compile)
 
 
+def _decoder(model, input_ids, attention_mask=None, decoder_input_ids=None):
+    """An encoder-decoder ``model`` reads ``input_ids`` (1, S) with its encoder, once: returns the decoder,
+    a `specbook.seq2seq.EncoderDecoderView`, its prompt (``decoder_input_ids``, by default the decoder's start
+    token) and the encoder's output. A decoder-only model comes back as it is, ``input_ids`` its prompt."""
+    if not is_encoder_decoder(model):
+        if attention_mask is not None or decoder_input_ids is not None:
+            raise ValueError("attention_mask and decoder_input_ids are for encoder-decoder models (the encoder's "
+                             f"input mask and the decoder's prompt); {type(model).__name__} is decoder-only")
+        return model, input_ids, None
+    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[0] != 1 \
+            or not input_ids.shape[1]:
+        raise ValueError("input_ids must be the encoder's input, a (1, S) tensor of token ids with S >= 1 "
+                         f"(got {tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else input_ids!r})")
+    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
+                                       or attention_mask.shape != input_ids.shape):
+        got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else attention_mask
+        raise ValueError(f"attention_mask must have the shape of input_ids, {tuple(input_ids.shape)} (got {got!r})")
+    check_token_ids(input_ids, model.get_encoder(), "input_ids (the encoder's input)")
+    encoder_outputs = encode(model, input_ids, attention_mask)
+    prompt = decoder_input_ids if decoder_input_ids is not None else decoder_start(model, input_ids.device)
+    return EncoderDecoderView(model, encoder_outputs, attention_mask), prompt, encoder_outputs
+
+
 def _vocab_size(model) -> int:
     return model.get_output_embeddings().weight.shape[0]
 
@@ -160,12 +188,16 @@ def _finish(token_ids, eos_token_id, tokenizer):
 
 @torch.inference_mode()
 def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(), seed=None, eos_token_id=None,
-                            tokenizer=None, cache="dynamic", compile=False) -> Generation:
+                            tokenizer=None, cache="dynamic", compile=False, attention_mask=None,
+                            decoder_input_ids=None) -> Generation:
     """Algorithm 1: one target call per new token. ``input_ids`` is (1, T).
 
     ``cache`` ("dynamic" or "static") and ``compile`` choose the GPU path, as in `speculative_generate`.
     Tokens stay on the device until the end, unless an ``eos_token_id`` must be watched for.
+    An encoder-decoder model reads ``input_ids`` (with ``attention_mask``) with its encoder, as its
+    ``generate`` does, and decodes after ``decoder_input_ids`` (default: its decoder start token).
     """
+    model, input_ids, _ = _decoder(model, input_ids, attention_mask, decoder_input_ids)
     _check_inputs(model, input_ids, max_new_tokens, cache, compile)
     generator = _generator(seed, model.device)
     started = time.perf_counter()
@@ -193,6 +225,11 @@ def _as_drafter(drafter, target, cache="dynamic", compile=False, max_length=None
         raise ValueError(f"drafter must be a Drafter (e.g. ModelDrafter(draft_model)) or a model "
                          f"(got {type(drafter).__name__})")
     if isinstance(drafter, ModelDrafter):
+        if is_encoder_decoder(drafter.model) != is_encoder_decoder(target):
+            kinds = ["an encoder-decoder model" if is_encoder_decoder(m) else "decoder-only" for m in (drafter.model,
+                                                                                                    target)]
+            raise ValueError(f"the draft model ({type(drafter.model).__name__}) is {kinds[0]} and the target is "
+                             f"{kinds[1]}: draft with a model of the target's kind that shares its tokenizer")
         check_pair(target, drafter.model)
         drafter.vocab_size = min(_vocab_size(target), _vocab_size(drafter.model))
     if drafter.uses_features and getattr(drafter, "target", target) is not target:
@@ -279,7 +316,8 @@ def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab
 
 @torch.inference_mode()
 def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sampler=Sampler(), seed=None,
-                         eos_token_id=None, tokenizer=None, cache="dynamic", compile=False) -> Generation:
+                         eos_token_id=None, tokenizer=None, cache="dynamic", compile=False, attention_mask=None,
+                         decoder_input_ids=None) -> Generation:
     """Speculative sampling: draft up to ``k`` tokens, verify them with one target call, repeat.
 
     ``drafter`` is a `Drafter` (or a draft model, wrapped in `ModelDrafter`); ``k`` an int or a
@@ -291,11 +329,20 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     when ``drafter`` is a model) and rolls back by moving a pointer; ``compile=True`` then compiles
     the decode steps, replayed as CUDA graphs on a GPU (`specbook.compiled`). Same tokens, same
     distribution; a `ModelDrafter` passed in keeps its own settings.
+
+    An encoder-decoder target reads ``input_ids`` (with ``attention_mask``) with its encoder once
+    and decodes after ``decoder_input_ids`` (`specbook.seq2seq`); its drafter is told the encoder's
+    input and states (`Drafter.read_encoder`): a draft model reads them or runs its own encoder,
+    prompt lookup copies from the encoder's input, and a drafter that cannot is refused.
     """
+    encoder_inputs = input_ids, attention_mask
+    target, input_ids, encoder_outputs = _decoder(target, input_ids, attention_mask, decoder_input_ids)
     _check_inputs(target, input_ids, max_new_tokens, cache, compile)
     policy = as_policy(k)
     static_length = _static_length(target, input_ids, max_new_tokens, cache)
     drafter = _as_drafter(drafter, target, cache, compile, static_length)
+    if encoder_outputs is not None:
+        drafter.read_encoder(encoder_outputs, *encoder_inputs)
     generator = _generator(seed, target.device)
     started = time.perf_counter()
     features = drafter.uses_features

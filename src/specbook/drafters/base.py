@@ -91,6 +91,13 @@ class Drafter:
         """
         raise NotImplementedError
 
+    def read_encoder(self, encoder_outputs, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+        """Only for an encoder-decoder target, before ``start``: the encoder's output for this generation and
+        its input ``input_ids`` (1, S) and mask (`specbook.seq2seq`). A drafter that can draft for such a target
+        overrides this; the default refuses."""
+        raise ValueError(f"{type(self).__name__} cannot draft for an encoder-decoder target: use a draft model "
+                         "(ModelDrafter), prompt lookup or NASD")
+
     def observe_side(self, logits: torch.Tensor) -> None:
         """Only for a drafter whose drafts carry ``side_tokens``: the target's logits (m, vocab) at the side
         rows of the last call, row i after side node i and its ancestors. Called before ``update``."""

@@ -14,7 +14,10 @@ import torch
 from ..cache import check_cache_options, new_cache, rollback
 from ..compiled import compiled
 from ..models import check_token_ids
+from ..seq2seq import EncoderDecoderView, encode
 from .base import Draft, Drafter
+
+ENCODERS = ("own", "target")  # an encoder-decoder draft's encoder states: its own encoder's, or the target's
 
 
 class ModelDrafter(Drafter):
@@ -24,16 +27,33 @@ class ModelDrafter(Drafter):
     target's when one of the two models pads its embedding matrix with unused rows. ``cache`` is
     "dynamic" or "static" (pre-allocated for ``max_length`` tokens, by default the model's
     context); ``compile=True`` (static caches only) compiles the single-token draft step.
+    ``encoder`` is for an encoder-decoder draft (`read_encoder`).
     """
 
     def __init__(self, model: torch.nn.Module, cache: str = "dynamic", compile: bool = False,
-                 max_length: int | None = None):
+                 max_length: int | None = None, encoder: str = "own"):
         check_cache_options(cache, compile)
-        self.model = model
+        if encoder not in ENCODERS:
+            raise ValueError(f"encoder must be one of {ENCODERS} (got {encoder!r})")
+        self.model, self.seq2seq, self.encoder = model, model, encoder
         self.static_length = (max_length or model.config.max_position_embeddings) if cache == "static" else None
         self.forward = compiled(model) if compile else model
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.calls = 0
+
+    def read_encoder(self, encoder_outputs, input_ids, attention_mask):
+        """Draft with this encoder-decoder model's decoder, over the target's encoder states (``encoder="target"``,
+        distil-whisper's recipe: its decoder was trained on them, and the encoder runs once for both) or over
+        its own encoder's (``encoder="own"``, the default)."""
+        if self.encoder == "target":
+            width = encoder_outputs.last_hidden_state.shape[-1]
+            if width != self.seq2seq.config.d_model:
+                raise ValueError(f"the draft reads the target's encoder states (encoder='target'), which are {width} "
+                                 f"wide, but its decoder's cross-attention reads {self.seq2seq.config.d_model}: "
+                                 "use encoder='own'")
+        else:
+            encoder_outputs = encode(self.seq2seq, input_ids, attention_mask)
+        self.model = self.forward = EncoderDecoderView(self.seq2seq, encoder_outputs, attention_mask)
 
     @property
     def device(self) -> torch.device:

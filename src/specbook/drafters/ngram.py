@@ -35,11 +35,20 @@ class LookupDrafter(Drafter):
     (``_continue``). Drafts join ``tokens`` only once accepted, so there is nothing to roll back.
     """
 
+    source = ()  # an encoder-decoder target's encoder input, read before the decoder's prompt
+
+    def read_encoder(self, encoder_outputs, input_ids, attention_mask):
+        """An encoder-decoder target: its encoder's input tokens come first, as text the output may copy (a
+        summary quotes its document, a translation its names); T5, BART and Marian share one vocabulary."""
+        kept = input_ids[0] if attention_mask is None else input_ids[0][attention_mask[0].bool()]
+        self.source = tuple(kept.tolist())
+
     def start(self, input_ids: torch.Tensor) -> None:
         self.device = input_ids.device
-        self.tokens = []  # prompt + committed output
+        self.tokens = []  # the encoder's input, if any, then the prompt and the committed output
         self.proposed = []  # this step's drafts
-        self._commit(input_ids[0].tolist())
+        source, self.source = self.source, ()  # read for this generation only
+        self._commit(list(source) + input_ids[0].tolist())
 
     def propose(self, k, sampler, generator, keep_drafting=None):
         self.proposed = self._continue(k)
