@@ -34,6 +34,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from .cache import attention_windows
+from .policies import check_integer
 from .rejection import _accept_probs, check_distribution, residual_distribution
 
 
@@ -195,8 +196,7 @@ class DynamicTree:
 
     def __init__(self, depth: int = 4, width: int = 4, nodes: int = 16):
         for name, value in (("depth", depth), ("width", width), ("nodes", nodes)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
+            check_integer(name, value, 1)
         if nodes < depth:
             raise ValueError(f"nodes (the budget of nodes verified, {nodes}) must be at least the depth ({depth}): "
                              "a tree of fewer nodes can never reach its last levels")
