@@ -208,3 +208,51 @@ def test_encoder_arguments_are_refused_for_a_decoder_only_model():
 def test_a_bad_encoder_option_is_refused():
     with pytest.raises(ValueError, match="encoder must be one of"):
         ModelDrafter(tiny_seq2seq("t5"), encoder="shared")
+
+
+# --- an encoder that reads features: Whisper
+
+def tiny_whisper(seed=0, decoder_layers=2, noise=0.0):
+    """A tiny random Whisper (8 mel bins, 32 frames, 32 wide), its LM head untied and peaked like the others'."""
+    config = transformers.WhisperConfig(
+        vocab_size=VOCAB, num_mel_bins=8, encoder_layers=2, decoder_layers=decoder_layers, d_model=32,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_source_positions=16, max_target_positions=64, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+        decoder_start_token_id=2, suppress_tokens=None, begin_suppress_tokens=None, tie_word_embeddings=False)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = transformers.WhisperForConditionalGeneration(config).eval()
+        head = model.get_output_embeddings()
+        head.weight = torch.nn.Parameter(torch.randn(head.weight.shape) * 2)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+FEATURES = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(3))  # (1, mels, frames)
+
+
+def test_whisper_reads_features_and_decodes_exactly():
+    """Whisper's encoder reads a spectrogram, not tokens: greedy decoding equals the plain generate loop (Hugging
+    Face's, without Whisper's own long-form logic) with a draft on the target's encoder, with its own, and with
+    prompt lookup, which finds no tokens in the encoder's input and looks up the output alone."""
+    target = tiny_whisper()
+    draft = noisy_copy(target, noise=1.0)
+    with torch.no_grad():
+        reference = transformers.GenerationMixin.generate(target, input_features=FEATURES, max_new_tokens=NEW_TOKENS,
+                                                          do_sample=False)[0, 1:].tolist()
+    assert autoregressive_generate(target, FEATURES, NEW_TOKENS, Sampler(0)).token_ids == reference
+    for drafter in (ModelDrafter(draft, encoder="target"), ModelDrafter(draft), PromptLookupDrafter()):
+        result = speculative_generate(target, drafter, FEATURES, NEW_TOKENS, k=3, sampler=Sampler(0))
+        assert result.token_ids == reference, drafter
+    shared = speculative_generate(target, ModelDrafter(draft, encoder="target"), FEATURES, NEW_TOKENS, 3, Sampler(0))
+    assert any(step.accepted for step in shared.steps) and any(step.accepted < 3 for step in shared.steps)
+
+
+@pytest.mark.parametrize("inputs, options, match", [
+    (torch.tensor([[3, 4, 5]]), {}, "reads input_features, not token ids"),
+    (FEATURES[0], {}, "a batch of one"),
+    (FEATURES, {"attention_mask": torch.ones(1, 32)}, "pass no attention_mask"),
+])
+def test_whisper_refuses_token_ids_and_masks(inputs, options, match):
+    with pytest.raises(ValueError, match=match):
+        autoregressive_generate(tiny_whisper(), inputs, 4, Sampler(0), **options)

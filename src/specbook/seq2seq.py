@@ -23,9 +23,17 @@ def is_encoder_decoder(model) -> bool:
     return bool(getattr(model.config, "is_encoder_decoder", False))
 
 
-def encode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
-    """The encoder's output for ``input_ids`` (1, S): run once per generation."""
-    return model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
+def reads_tokens(model) -> bool:
+    """Whether ``model``'s encoder reads token ids (T5, BART, Marian) rather than features (Whisper's
+    ``input_features``, a log-mel spectrogram): its ``main_input_name``."""
+    return model.main_input_name == "input_ids"
+
+
+def encode(model, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    """The encoder's output for ``inputs``: token ids (1, S), or features such as Whisper's log-mel spectrogram
+    (1, mels, frames). Run once per generation."""
+    masked = {"attention_mask": attention_mask} if attention_mask is not None else {}
+    return model.get_encoder()(**{model.main_input_name: inputs}, **masked, return_dict=True)
 
 
 def decoder_start(model, device) -> torch.Tensor:

@@ -39,7 +39,11 @@ class LookupDrafter(Drafter):
 
     def read_encoder(self, encoder_outputs, input_ids, attention_mask):
         """An encoder-decoder target: its encoder's input tokens come first, as text the output may copy (a
-        summary quotes its document, a translation its names); T5, BART and Marian share one vocabulary."""
+        summary quotes its document, a translation its names); T5, BART and Marian share one vocabulary. An
+        encoder that reads features (Whisper's spectrogram) gives no tokens: the lookup reads the output alone."""
+        if input_ids.is_floating_point():
+            self.source = ()
+            return
         kept = input_ids[0] if attention_mask is None else input_ids[0][attention_mask[0].bool()]
         self.source = tuple(kept.tolist())
 
