@@ -35,6 +35,8 @@ from specbook.exercises.ch05 import _lookup_variant
 from specbook.drafters import LookaheadDrafter
 from specbook.drafters.medusa import DEFAULT_TREE
 from specbook.exercises.ch06 import greedy_walk, siblings_output, tree_tokens_per_call_reference
+from specbook.exercises.ch04b import (encoder_decoder_speedup_reference, greedy_seq2seq_reference,
+                                     seq2seq_rollback_reference, tiny_seq2seq_parts)
 from specbook.exercises.ch06b import collect_ngrams_reference, greedy_continuation, jacobi_reference
 from specbook.rejection import acceptance_rate, output_distribution, residual_distribution, verify_chain
 from specbook.theory import expected_tokens_per_step, optimal_k, speedup
@@ -343,6 +345,28 @@ def _self_speculative_speedup(alpha, k, layers, exit_layer, overhead, *, with_ov
     return expected_tokens_per_step(alpha, k) / step_cost
 
 
+def _greedy_seq2seq(encoder, decoder_step, source, start, new_tokens, *, encoder_every_step=False,
+                    keep_start=False, without_start=False):
+    """Greedy decoding of an encoder-decoder model by hand, and with switches the usual mistakes."""
+    states, tokens = encoder(source), [start]
+    for _ in range(new_tokens):
+        states = encoder(source) if encoder_every_step else states
+        tokens.append(decoder_step(states, tokens[1:] or [start] if without_start else tokens))
+    return tokens if keep_start else tokens[1:]
+
+
+def _encoder_decoder_speedup(alpha, k, c, tokens, encoder, draft_encoder, *, encoders=True, draft_encoder_on=True,
+                             per_step=False, ar_encoder=True):
+    """The speedup with the encoders' one pass, and with switches the usual mistakes."""
+    steps = tokens / expected_tokens_per_step(alpha, k)
+    if not encoders:
+        encoder = draft_encoder = 0
+    draft_encoder = draft_encoder if draft_encoder_on else 0
+    if per_step:
+        return tokens * (1 + encoder) / (steps * (c * k + 1 + encoder + draft_encoder))
+    return ((encoder if ar_encoder else 0) + tokens) / (encoder + draft_encoder + steps * (c * k + 1))
+
+
 REFERENCES = {
     "accept_draft": lambda x, q, p, u: u < _accept_prob(x, q, p),
     "residual": residual_distribution,
@@ -378,6 +402,9 @@ REFERENCES = {
     "window_parents": _window_parents,
     "collect_ngrams": _collect_ngrams,
     "self_speculative_speedup": _self_speculative_speedup,
+    "greedy_seq2seq": _greedy_seq2seq,
+    "seq2seq_rollback": seq2seq_rollback_reference,
+    "encoder_decoder_speedup": _encoder_decoder_speedup,
 }
 
 WRONG = {
@@ -644,6 +671,81 @@ WRONG = {
             (1 - alpha ** (k + 1)) / (1 - alpha) / ((exit_layer / layers + overhead) * k + 1)),
     },
 }
+
+
+WRONG.update({
+    "greedy_seq2seq": {
+        "the encoder every step": lambda *args: _greedy_seq2seq(*args, encoder_every_step=True),
+        "the start token returned": lambda *args: _greedy_seq2seq(*args, keep_start=True),
+        "the decoder without its start token": lambda *args: _greedy_seq2seq(*args, without_start=True),
+        "one token short": lambda *args: _greedy_seq2seq(*args)[:-1],
+    },
+    "seq2seq_rollback": {
+        "the cross-attention cache cropped too": lambda own, cross, k, accepted: (own - (k - accepted),
+                                                                                  cross - (k - accepted)),
+        "the cross-attention cache emptied": lambda own, cross, k, accepted: (own - (k - accepted), 0),
+        "the pending token cropped too": lambda own, cross, k, accepted: (own - (k + 1 - accepted), cross),
+        "the accepted drafts cropped": lambda own, cross, k, accepted: (own - accepted, cross),
+    },
+    "encoder_decoder_speedup": {
+        "no encoders": lambda *args: _encoder_decoder_speedup(*args, encoders=False),
+        "the draft's encoder left out": lambda *args: _encoder_decoder_speedup(*args, draft_encoder_on=False),
+        "the encoders every step": lambda *args: _encoder_decoder_speedup(*args, per_step=True),
+        "no encoder for autoregressive decoding": lambda *args: _encoder_decoder_speedup(*args, ar_encoder=False),
+        "the closed form, 0/0 at alpha = 1": lambda alpha, k, c, tokens, encoder, draft_encoder: (
+            (encoder + tokens) / (encoder + draft_encoder + tokens * (1 - alpha) / (1 - alpha ** (k + 1))
+                                  * (c * k + 1))),
+    },
+})
+
+CHAPTER_4B_MESSAGES = [  # (checker, wrong answer, what its message must say)
+    ("greedy_seq2seq", "the encoder every step", "the encoder ran"),
+    ("greedy_seq2seq", "the start token returned", "the start token is in the answer"),
+    ("greedy_seq2seq", "the decoder without its start token", "must see the start token first"),
+    ("greedy_seq2seq", "one token short", "where max_new_tokens"),
+    ("seq2seq_rollback", "the cross-attention cache cropped too", "nothing there rolls back"),
+    ("seq2seq_rollback", "the cross-attention cache emptied", "nothing there rolls back"),
+    ("seq2seq_rollback", "the pending token cropped too", "crops the pending token"),
+    ("seq2seq_rollback", "the accepted drafts cropped", "crops the accepted drafts"),
+    ("encoder_decoder_speedup", "no encoders", "the encoders are left out"),
+    ("encoder_decoder_speedup", "the draft's encoder left out", "the draft's own encoder is left out"),
+    ("encoder_decoder_speedup", "the encoders every step", "once per generation"),
+    ("encoder_decoder_speedup", "no encoder for autoregressive decoding", "autoregressive decoding runs"),
+    ("encoder_decoder_speedup", "the closed form, 0/0 at alpha = 1", "0/0"),
+]
+
+
+@pytest.mark.parametrize("name, label, phrase", CHAPTER_4B_MESSAGES,
+                         ids=[f"{n}: {w}" for n, w, _ in CHAPTER_4B_MESSAGES])
+def test_messages_name_the_mistakes_of_chapter_4b(name, label, phrase):
+    message = CHECKS[name].outcome(WRONG[name][label]).message
+    assert phrase in message, message
+
+
+def test_greedy_seq2seq_reference_is_the_engines_greedy_decoding():
+    """On the tiny random BART of the checks, decoding by hand equals specbook.autoregressive_generate."""
+    model, encode, step = tiny_seq2seq_parts()
+    source = [5, 17, 33, 8, 21, 40]
+    by_hand = greedy_seq2seq_reference(encode, step, source, model.config.decoder_start_token_id, 8)
+    assert by_hand == autoregressive_generate(model, torch.tensor([source]), 8, Sampler(0)).token_ids
+
+
+def test_seq2seq_rollback_reference_is_what_the_engine_keeps():
+    """After a verification call and its rollback, the decoder's EncoderDecoderCache has cropped the rejected
+    drafts off its self-attention half and kept its cross-attention half whole."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    from specbook.cache import rollback
+
+    model, _, _ = tiny_seq2seq_parts()
+    source, decoder = torch.tensor([[5, 17, 33, 8, 21, 40, 9]]), torch.tensor([[2, 11, 12, 13, 14, 15, 16]])
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    with torch.inference_mode():
+        model(input_ids=source, decoder_input_ids=decoder, past_key_values=cache, use_cache=True)
+    k, accepted = 4, 1
+    rollback(cache, k - accepted)
+    expected = seq2seq_rollback_reference(decoder.shape[1], source.shape[1], k, accepted)
+    assert (cache.self_attention_cache.get_seq_length(), cache.cross_attention_cache.get_seq_length()) == expected
 
 
 def test_every_checker_has_a_reference_and_wrong_answers():

@@ -17,7 +17,7 @@ depends on the weights of the book's trained pair.
 
 Tests and tools can ask for the verdict instead of the printout: ``check_residual.outcome(fn)``
 returns an :class:`Outcome` (passed, message). `CHECKS` lists every checker by name. One module
-per chapter holds its checkers (`ch01` … `ch06`, `ch06b`); `core` holds the machinery they share and
+per chapter holds its checkers (`ch01` … `ch06`, `ch04b`, `ch06b`); `core` holds the machinery they share and
 `tiny` the tiny models of the decoding exercises.
 
 Notation as everywhere in the book: q is the target's distribution (`target_probs`), p the
@@ -34,6 +34,7 @@ from .ch03 import (check_estimate_alpha, check_optimal_k, check_speedup, check_t
                    check_tokens_per_step_by_index)
 from .ch04 import (check_acceptance_from_steps, check_rollback_cache, check_rollback_counts,
                    check_speculative_greedy)
+from .ch04b import check_encoder_decoder_speedup, check_greedy_seq2seq, check_seq2seq_rollback
 from .ch05 import check_fresh_draw_output, check_heuristic_next_k, check_ngram_draft, check_prompt_lookup
 from .ch06 import (check_medusa_tree, check_no_residual_output, check_tree_mask, check_tree_position_ids,
                    check_tree_tokens_per_call, check_verify_tree_greedily)
@@ -47,6 +48,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     check_tokens_per_step, check_speedup, check_optimal_k, check_estimate_alpha,
     check_tokens_per_step_by_index,
     check_rollback_cache, check_rollback_counts, check_speculative_greedy, check_acceptance_from_steps,
+    check_greedy_seq2seq, check_seq2seq_rollback, check_encoder_decoder_speedup,
     check_fresh_draw_output, check_prompt_lookup, check_ngram_draft, check_heuristic_next_k,
     check_tree_mask, check_tree_position_ids, check_medusa_tree, check_verify_tree_greedily,
     check_no_residual_output, check_tree_tokens_per_call,
