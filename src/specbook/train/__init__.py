@@ -29,7 +29,14 @@ Stages, each resumable and skipped when its output already exists:
 Training checkpoints (model, optimizer, step, random state) are written every ``--ckpt-every``
 steps so that an interrupted run picks up where it stopped.
 
+The built-in encoder-decoder pair (``shakespeare-seq2seq``: restore verse with words cut out) has a
+command of its own, on the same corpus and tokenizer::
+
+    python -m specbook.train seq2seq --work data/train --out src/specbook/assets/shakespeare-seq2seq
+
 The modules: `corpus` (the text and its tokenizer), `models` (shapes, growing, blending, saving),
 `loop` (batches, losses, the resumable training loop), `heads` (Medusa and EAGLE on the frozen
-target), `card` (the model card) and `cli` (the stages above, ``python -m specbook.train``).
+target), `card` (the model card) and `cli` (the stages above, ``python -m specbook.train``);
+`seq2seq` (the encoder-decoder pair's task, models and losses), `seq2seq_cli` (its stages) and
+`seq2seq_card` (its model card).
 """

@@ -1,3 +1,10 @@
-from .cli import main
+import sys
 
-main()
+if sys.argv[1:2] == ["seq2seq"]:  # python -m specbook.train seq2seq ...: the encoder-decoder pair
+    from .seq2seq_cli import main
+
+    main(sys.argv[2:])
+else:
+    from .cli import main
+
+    main()

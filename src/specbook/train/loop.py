@@ -107,11 +107,12 @@ def evaluate(model, tokens, config, device, teacher=None, max_windows=64):
 
 
 def train_model(model, train_tokens, valid_tokens, config, ckpt_dir, device, teacher=None, desc="train",
-                loss_fn=None, evaluate_fn=None):
+                loss_fn=None, evaluate_fn=None, data=None):
     """Train ``model`` (cross entropy, or KL to ``teacher`` when given), resuming from ``ckpt_dir``.
 
     A model that is not a language model (a head) brings its own ``loss_fn(inputs, targets)`` and
-    ``evaluate_fn()`` (a dict of held-out metrics).
+    ``evaluate_fn()`` (a dict of held-out metrics); one trained on other examples than windows of
+    ``train_tokens`` (an encoder-decoder model) brings ``data(generator)``, its endless batches.
     """
     loss_fn = loss_fn or partial(_language_model_loss, model, teacher)
     evaluate_fn = evaluate_fn or partial(evaluate, model, valid_tokens, config, device, teacher)
@@ -134,7 +135,7 @@ def train_model(model, train_tokens, valid_tokens, config, ckpt_dir, device, tea
         generator.set_state(saved["generator"].cpu())  # map_location moved it to the device
         state = saved["state"]
         print(f"{desc}: resumed at step {state['step']}")
-    data = batches(train_tokens, config, generator)
+    data = (data or partial(batches, train_tokens, config))(generator)
     progress = tqdm(range(state["step"], config.steps), desc=desc, initial=state["step"], total=config.steps)
     started = time.perf_counter() - state["seconds"]
     for step in progress:
