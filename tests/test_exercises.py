@@ -404,6 +404,8 @@ REFERENCES = {
     "self_speculative_speedup": _self_speculative_speedup,
     "greedy_seq2seq": _greedy_seq2seq,
     "seq2seq_rollback": seq2seq_rollback_reference,
+    "shift_right": lambda labels, start, pad: torch.cat([torch.full_like(labels[:, :1], start),
+                                                         labels[:, :-1].masked_fill(labels[:, :-1] == -100, pad)], 1),
     "encoder_decoder_speedup": _encoder_decoder_speedup,
 }
 
@@ -680,6 +682,12 @@ WRONG.update({
         "the decoder without its start token": lambda *args: _greedy_seq2seq(*args, without_start=True),
         "one token short": lambda *args: _greedy_seq2seq(*args)[:-1],
     },
+    "shift_right": {
+        "the labels themselves": lambda labels, start, pad: labels,
+        "-100 left in": lambda labels, start, pad: torch.cat([torch.full_like(labels[:, :1], start), labels[:, :-1]], 1),
+        "shifted left": lambda labels, start, pad: torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], pad)], 1),
+        "rolled, no start token": lambda labels, start, pad: labels.masked_fill(labels == -100, pad).roll(1, dims=1),
+    },
     "seq2seq_rollback": {
         "the cross-attention cache cropped too": lambda own, cross, k, accepted: (own - (k - accepted),
                                                                                   cross - (k - accepted)),
@@ -703,6 +711,10 @@ CHAPTER_4B_MESSAGES = [  # (checker, wrong answer, what its message must say)
     ("greedy_seq2seq", "the start token returned", "the start token is in the answer"),
     ("greedy_seq2seq", "the decoder without its start token", "must see the start token first"),
     ("greedy_seq2seq", "one token short", "where max_new_tokens"),
+    ("shift_right", "the labels themselves", "the labels themselves"),
+    ("shift_right", "-100 left in", "Read them as pad_token"),
+    ("shift_right", "shifted left", "shifts left"),
+    ("shift_right", "rolled, no start token", "starts with the start token"),
     ("seq2seq_rollback", "the cross-attention cache cropped too", "nothing there rolls back"),
     ("seq2seq_rollback", "the cross-attention cache emptied", "nothing there rolls back"),
     ("seq2seq_rollback", "the pending token cropped too", "crops the pending token"),
@@ -713,13 +725,6 @@ CHAPTER_4B_MESSAGES = [  # (checker, wrong answer, what its message must say)
     ("encoder_decoder_speedup", "no encoder for autoregressive decoding", "autoregressive decoding runs"),
     ("encoder_decoder_speedup", "the closed form, 0/0 at alpha = 1", "0/0"),
 ]
-
-
-@pytest.mark.parametrize("name, label, phrase", CHAPTER_4B_MESSAGES,
-                         ids=[f"{n}: {w}" for n, w, _ in CHAPTER_4B_MESSAGES])
-def test_messages_name_the_mistakes_of_chapter_4b(name, label, phrase):
-    message = CHECKS[name].outcome(WRONG[name][label]).message
-    assert phrase in message, message
 
 
 def test_greedy_seq2seq_reference_is_the_engines_greedy_decoding():
@@ -924,9 +929,9 @@ CHAPTER_6B_MESSAGES = [  # (checker, wrong answer, what its message must say)
 ]
 
 
-@pytest.mark.parametrize("name, label, phrase", CHAPTER_6B_MESSAGES,
-                         ids=[f"{n}: {w}" for n, w, _ in CHAPTER_6B_MESSAGES])
-def test_messages_name_the_mistakes_of_chapter_6b(name, label, phrase):
+@pytest.mark.parametrize("name, label, phrase", CHAPTER_4B_MESSAGES + CHAPTER_6B_MESSAGES,
+                         ids=[f"{n}: {w}" for n, w, _ in CHAPTER_4B_MESSAGES + CHAPTER_6B_MESSAGES])
+def test_messages_name_the_mistakes_of_chapters_4b_and_6b(name, label, phrase):
     message = CHECKS[name].outcome(WRONG[name][label]).message
     assert phrase in message, message
 

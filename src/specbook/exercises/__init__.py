@@ -34,7 +34,7 @@ from .ch03 import (check_estimate_alpha, check_optimal_k, check_speedup, check_t
                    check_tokens_per_step_by_index)
 from .ch04 import (check_acceptance_from_steps, check_rollback_cache, check_rollback_counts,
                    check_speculative_greedy)
-from .ch04b import check_encoder_decoder_speedup, check_greedy_seq2seq, check_seq2seq_rollback
+from .ch04b import check_encoder_decoder_speedup, check_greedy_seq2seq, check_seq2seq_rollback, check_shift_right
 from .ch05 import check_fresh_draw_output, check_heuristic_next_k, check_ngram_draft, check_prompt_lookup
 from .ch06 import (check_medusa_tree, check_no_residual_output, check_tree_mask, check_tree_position_ids,
                    check_tree_tokens_per_call, check_verify_tree_greedily)
@@ -48,7 +48,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     check_tokens_per_step, check_speedup, check_optimal_k, check_estimate_alpha,
     check_tokens_per_step_by_index,
     check_rollback_cache, check_rollback_counts, check_speculative_greedy, check_acceptance_from_steps,
-    check_greedy_seq2seq, check_seq2seq_rollback, check_encoder_decoder_speedup,
+    check_greedy_seq2seq, check_shift_right, check_seq2seq_rollback, check_encoder_decoder_speedup,
     check_fresh_draw_output, check_prompt_lookup, check_ngram_draft, check_heuristic_next_k,
     check_tree_mask, check_tree_position_ids, check_medusa_tree, check_verify_tree_greedily,
     check_no_residual_output, check_tree_tokens_per_call,

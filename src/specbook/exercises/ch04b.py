@@ -1,6 +1,7 @@
 """Checkers for the exercises of chapter 4b, encoder-decoder models: greedy decoding that runs the
-encoder once, how far each of the decoder's two caches goes back after a step, and the speedup of
-a pair whose encoders run once per generation.
+encoder once, what the decoder reads when it learns by teacher forcing, how far each of the
+decoder's two caches goes back after a step, and the speedup of a pair whose encoders run once
+per generation.
 
 The references are the package's where it has one: `specbook.autoregressive_generate` for the
 tokens of greedy decoding (tests/test_exercises.py checks the reference against it on a tiny random
@@ -16,6 +17,7 @@ import math
 import torch
 
 from ..theory import expected_tokens_per_step, speedup
+from ..train.seq2seq import shift_right
 from .ch03 import _tokens_per_step_error
 from .core import Case, Check, _as_float, _as_int, _as_token_list, _same_number, _type_name
 
@@ -137,6 +139,41 @@ def _compare_greedy_seq2seq(got, case: Case) -> str | None:
 
 
 check_greedy_seq2seq = Check("greedy_seq2seq", _greedy_seq2seq_cases, _compare_greedy_seq2seq)
+
+# --- Teacher forcing: what the decoder reads ----------------------------------------------------------------
+
+
+def _shift_cases() -> list[Case]:
+    settings = [  # (label, labels, start token, pad token)
+        ("one row", [[5, 9, 2, 1]], 0, 3),
+        ("two rows, the second padded", [[7, 8, 9, 1], [4, 1, -100, -100]], 2, 0),
+        ("a start token that is also the end token", [[11, 12, 0], [13, 0, -100]], 0, 15),
+        ("one token per row", [[6], [7], [8]], 1, 0),
+    ]
+    return [Case(f"{label}: labels = {rows}, start_token = {start}, pad_token = {pad}",
+                 (torch.tensor(rows), start, pad), shift_right(torch.tensor(rows), start, pad))
+            for label, rows, start, pad in settings]
+
+
+def _compare_shift(got, case: Case) -> str | None:
+    labels, start, pad = case.args
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(labels.shape):
+        return f"expected a tensor of shape {tuple(labels.shape)}, like labels, got {_type_name(got)}."
+    if torch.equal(got.long(), case.expected):
+        return None
+    message = f"expected {case.expected.tolist()}, got {got.tolist()}"
+    if torch.equal(got, labels):
+        return f"{message}: that is the labels themselves. The decoder would read each token it must predict."
+    if (got == -100).any():
+        return f"{message}: -100 marks positions the loss ignores; no embedding has that row. Read them as pad_token."
+    if got.shape[1] > 1 and torch.equal(got[:, :-1], labels[:, 1:].masked_fill(labels[:, 1:] == -100, pad)):
+        return f"{message}: that shifts left. Position t reads the token before label t: shift right."
+    if not (got[:, 0] == start).all():
+        return f"{message}: every row starts with the start token, the decoder's first input at generation time too."
+    return f"{message}. Row by row: the start token, then the labels but the last."
+
+
+check_shift_right = Check("shift_right", _shift_cases, _compare_shift)
 
 # --- Which cache rolls back -------------------------------------------------------------------------------------
 
