@@ -10,7 +10,7 @@ from .decoding import Generation, Stats, Step, autoregressive_generate, speculat
 from .drafters import (Draft, Drafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter, NGramDrafter,
                        PromptLookupDrafter, SampledTreeDrafter, SelfSpeculativeDrafter, TopKTreeDrafter)
 from .heads import EagleHead, ExitHead, MedusaHeads
-from .models import ModelPair, load_pair
+from .models import ModelPair, load_model, load_pair
 from .policies import ConfidenceStop, DraftLength, EntropyGuidedK, FixedK, HeuristicK
 from .rejection import acceptance_rate, output_distribution, residual_distribution, verify_chain, verify_chain_greedy
 from .sampling import Sampler
@@ -22,7 +22,7 @@ __all__ = [
     "EntropyGuidedK", "ExitHead", "FixedK", "Generation", "HeuristicK", "LookaheadDrafter", "MedusaDrafter",
     "MedusaHeads", "ModelDrafter", "ModelPair", "NGramDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "Sampler",
     "SelfSpeculativeDrafter", "Stats", "Step", "TopKTreeDrafter", "TreeSpec", "acceptance_rate",
-    "autoregressive_generate", "expected_tokens_per_step", "load_pair", "optimal_k", "output_distribution",
+    "autoregressive_generate", "expected_tokens_per_step", "load_model", "load_pair", "optimal_k", "output_distribution",
     "residual_distribution", "speculative_generate", "speedup",
     "tree_attention_mask", "tree_positions", "verify_chain", "verify_chain_greedy", "verify_tree",
     "verify_tree_greedy",

@@ -52,7 +52,7 @@ from .models import check_pair, check_token_ids
 from .policies import DraftLength, as_policy
 from .rejection import verify_chain, verify_chain_greedy
 from .sampling import Sampler
-from .seq2seq import EncoderDecoderView, decoder_start, encode, is_encoder_decoder, reads_tokens
+from .seq2seq import EncoderDecoderView, check_encoder_inputs, decoder_start, encode, is_encoder_decoder
 from .trees import tree_model_inputs, tree_positions, verify_tree
 
 
@@ -122,24 +122,7 @@ def _decoder(model, input_ids, attention_mask=None, decoder_input_ids=None):
             raise ValueError("attention_mask and decoder_input_ids are for encoder-decoder models (the encoder's "
                              f"input mask and the decoder's prompt); {type(model).__name__} is decoder-only")
         return model, input_ids, None
-    shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else input_ids
-    if reads_tokens(model):
-        if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[0] != 1 \
-                or not input_ids.shape[1]:
-            raise ValueError(f"input_ids must be the encoder's input, a (1, S) tensor of token ids with S >= 1 (got "
-                             f"{shape!r})")
-        check_token_ids(input_ids, model.get_encoder(), "input_ids (the encoder's input)")
-    elif not isinstance(input_ids, torch.Tensor) or not input_ids.is_floating_point() or input_ids.ndim < 2 \
-            or input_ids.shape[0] != 1:
-        raise ValueError(f"{type(model).__name__}'s encoder reads {model.main_input_name}, not token ids: pass them "
-                         f"as input_ids, a float tensor with a batch of one, e.g. (1, mels, frames) (got {shape!r})")
-    if attention_mask is not None and not reads_tokens(model):
-        raise ValueError(f"{type(model).__name__}'s encoder reads all of its {model.main_input_name}: pass no "
-                         "attention_mask (pad the features instead, as its feature extractor does)")
-    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
-                                       or attention_mask.shape != input_ids.shape):
-        got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else attention_mask
-        raise ValueError(f"attention_mask must have the shape of input_ids, {tuple(input_ids.shape)} (got {got!r})")
+    check_encoder_inputs(model, input_ids, attention_mask)
     encoder_outputs = encode(model, input_ids, attention_mask)
     prompt = decoder_input_ids if decoder_input_ids is not None else decoder_start(model, input_ids.device)
     return EncoderDecoderView(model, encoder_outputs, attention_mask), prompt, encoder_outputs

@@ -2,8 +2,11 @@
 
 ``load_pair("shakespeare")`` returns the built-in pair that ships inside the package (trained by
 `specbook.train` on Shakespeare's plays): no network, fp32 on the CPU, a couple of seconds.
-``load_pair(target="org/name", draft="org/name")`` loads any Hugging Face causal LM pair that
-shares a tokenizer -- an explicit opt-in, for a GPU on Colab.
+``load_pair("shakespeare-seq2seq")`` is the built-in encoder-decoder pair (BART-style, trained by
+``python -m specbook.train seq2seq`` to restore verse with words cut out), whose draft decodes from
+the target's encoder states. ``load_pair(target="org/name", draft="org/name")`` loads any Hugging
+Face pair that shares a tokenizer, causal LMs or encoder-decoder models -- an explicit opt-in, for
+a GPU on Colab.
 """
 
 from dataclasses import dataclass
@@ -14,7 +17,8 @@ import torch
 
 from .cache import attention_windows
 
-BUILT_IN = ("shakespeare",)
+BUILT_IN = ("shakespeare", "shakespeare-seq2seq")
+SHARED_ENCODER = ("shakespeare-seq2seq",)  # built-in pairs whose draft decodes from the target's encoder states
 
 
 @dataclass
@@ -125,17 +129,37 @@ def check_pair(target: torch.nn.Module, draft: torch.nn.Module) -> None:
                          f"draft {widths[1]}; special tokens {'agree' if same_specials else 'differ'})")
 
 
+def _from_pretrained(path, dtype):
+    """A causal LM or, where its config says so, an encoder-decoder model (T5, BART, Marian, Whisper)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    seq2seq = getattr(AutoConfig.from_pretrained(path), "is_encoder_decoder", False)
+    return (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(path, dtype=dtype)
+
+
+def load_model(name: str, part: str, device=None, dtype=None) -> torch.nn.Module:
+    """One model of a built-in pair (or of a folder `specbook.train` wrote), in eval mode: ``part`` is a
+    folder in it, such as ``"draft-undistilled"`` of ``"shakespeare"`` or ``"draft-own-encoder"`` of
+    ``"shakespeare-seq2seq"``."""
+    root = assets_dir(name) if name in BUILT_IN else Path(name)
+    if not (root / part / "config.json").is_file():
+        parts = sorted(path.parent.name for path in root.glob("*/config.json"))
+        raise ValueError(f"part must be one of the models of {name!r}: {parts} (got {part!r})")
+    device, dtype = _resolve(device, dtype)
+    return _from_pretrained(root / part, dtype).to(device).eval()
+
+
 def load_pair(name: str | None = None, *, target: str | None = None, draft: str | None = None,
               device=None, dtype=None) -> ModelPair:
     """Load a model pair in eval mode.
 
-    Either a built-in pair by ``name`` (``"shakespeare"``), a pair that ``python -m specbook.train
+    Either a built-in pair by ``name`` (``"shakespeare"``, ``"shakespeare-seq2seq"``), a pair that ``python -m specbook.train
     --out DIR`` wrote (``name=DIR``: a tokenizer, ``target/`` and ``draft/``), or two Hugging Face hub
     models by id or local directory (``target=``, ``draft=``). ``device`` defaults to the CPU;
     ``dtype`` to `default_dtype` of the device (float32 on the CPU; on a GPU bfloat16 where it is
     native, else float16).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     device, dtype = _resolve(device, dtype)
     if (target is None) != (draft is None):
@@ -148,7 +172,7 @@ def load_pair(name: str | None = None, *, target: str | None = None, draft: str 
                              f"specbook.train (got {name!r}); for a Hugging Face pair pass target= and draft=")
         root = assets_dir(name) if name in BUILT_IN else trained
         tokenizer = AutoTokenizer.from_pretrained(root)
-        models = [AutoModelForCausalLM.from_pretrained(root / part, dtype=dtype) for part in ("target", "draft")]
+        models = [_from_pretrained(root / part, dtype) for part in ("target", "draft")]
     else:
         if name is not None:
             raise ValueError("give either a built-in pair name or target=/draft=, not both")
@@ -156,7 +180,7 @@ def load_pair(name: str | None = None, *, target: str | None = None, draft: str 
         try:
             tokenizer = AutoTokenizer.from_pretrained(target)
             draft_tokenizer = AutoTokenizer.from_pretrained(draft)
-            models = [AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype) for model_id in (target, draft)]
+            models = [_from_pretrained(model_id, dtype) for model_id in (target, draft)]
         except OSError as error:
             raise OSError(f"could not load {name} from the Hugging Face hub ({error}). Loading a hub pair "
                           "needs a network connection (or a local copy in the cache) and the exact model ids.") from error

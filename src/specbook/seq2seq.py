@@ -18,6 +18,8 @@ and lookahead are refused here for now: their masks and position ids are the dec
 
 import torch
 
+from .models import check_token_ids
+
 
 def is_encoder_decoder(model) -> bool:
     return bool(getattr(model.config, "is_encoder_decoder", False))
@@ -27,6 +29,28 @@ def reads_tokens(model) -> bool:
     """Whether ``model``'s encoder reads token ids (T5, BART, Marian) rather than features (Whisper's
     ``input_features``, a log-mel spectrogram): its ``main_input_name``."""
     return model.main_input_name == "input_ids"
+
+
+def check_encoder_inputs(model, inputs, attention_mask=None) -> None:
+    """Refuse what ``model``'s encoder cannot read: token ids (1, S) with S >= 1 for a text encoder, a float
+    tensor with a batch of one for an encoder of features (Whisper's); a mask of the token ids' shape."""
+    shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else inputs
+    if reads_tokens(model):
+        if not isinstance(inputs, torch.Tensor) or inputs.ndim != 2 or inputs.shape[0] != 1 or not inputs.shape[1]:
+            raise ValueError(f"input_ids must be the encoder's input, a (1, S) tensor of token ids with S >= 1 (got "
+                             f"{shape!r})")
+        check_token_ids(inputs, model.get_encoder(), "input_ids (the encoder's input)")
+    elif not isinstance(inputs, torch.Tensor) or not inputs.is_floating_point() or inputs.ndim < 2 \
+            or inputs.shape[0] != 1:
+        raise ValueError(f"{type(model).__name__}'s encoder reads {model.main_input_name}, not token ids: pass them "
+                         f"as input_ids, a float tensor with a batch of one, e.g. (1, mels, frames) (got {shape!r})")
+    if attention_mask is not None and not reads_tokens(model):
+        raise ValueError(f"{type(model).__name__}'s encoder reads all of its {model.main_input_name}: pass no "
+                         "attention_mask (pad the features instead, as its feature extractor does)")
+    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
+                                       or attention_mask.shape != inputs.shape):
+        got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else attention_mask
+        raise ValueError(f"attention_mask must have the shape of input_ids, {tuple(inputs.shape)} (got {got!r})")
 
 
 def encode(model, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None):

@@ -13,7 +13,7 @@ import torch
 
 from ..cache import check_cache_options, new_cache, rollback
 from ..compiled import compiled
-from ..models import check_token_ids
+from ..models import SHARED_ENCODER, check_token_ids
 from ..seq2seq import EncoderDecoderView, encode
 from .base import Draft, Drafter
 
@@ -40,6 +40,12 @@ class ModelDrafter(Drafter):
         self.forward = compiled(model) if compile else model
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.calls = 0
+
+    @classmethod
+    def for_pair(cls, pair, **options):
+        """The draft of a `specbook.models.ModelPair`, reading the target's encoder states where the draft was
+        trained on them (the built-in encoder-decoder pair); ``options`` as for the constructor."""
+        return cls(pair.draft, encoder="target" if pair.name in SHARED_ENCODER else "own", **options)
 
     def read_encoder(self, encoder_outputs, input_ids, attention_mask):
         """Draft with this encoder-decoder model's decoder, over the target's encoder states (``encoder="target"``,

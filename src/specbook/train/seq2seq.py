@@ -12,9 +12,10 @@ Three models, trained by ``python -m specbook.train seq2seq`` (`specbook.train.s
 
 1. ``target``             3 encoder and 6 decoder layers, 192 wide, on the task's cross entropy.
 2. ``draft``              the target's encoder, frozen, with a one-layer decoder that reads its states,
-                          started from the target's first decoder layer and distilled from the target
-                          (KL(q || p) at every position): distil-whisper's recipe (Gandhi et al. 2023,
-                          Section 3), so the encoder runs once for both (`ModelDrafter(encoder="target")`).
+                          started from the target's first decoder layer and embeddings and distilled from
+                          the target (KL(q || p) at every position), its decoder's embedding and LM head
+                          trained too: distil-whisper's recipe (Gandhi et al. 2023, Section 3), so the
+                          encoder runs once for both (`ModelDrafter(encoder="target")`).
 3. ``draft-own-encoder``  one encoder and one decoder layer of its own, started from the target's first
                           ones and distilled the same way: what a draft costs when it reads the input itself.
 """
@@ -38,10 +39,11 @@ WIDTH = dict(d_model=192, encoder_attention_heads=3, decoder_attention_heads=3, 
 
 
 def passages(text: str, lines: int = 2) -> list[str]:
-    """Consecutive ``lines`` verse lines of one speech at a time, the speaker's name left out."""
+    """Consecutive ``lines`` verse lines of one speech at a time, the speaker's name left out (plays are
+    joined by a line holding the end-of-text token, which ends a speech too)."""
     found = []
-    for speech in text.split("\n\n"):
-        body = [line for line in speech.strip().splitlines()[1:] if line != EOS]
+    for speech in text.replace(f"\n{EOS}\n", "\n\n").split("\n\n"):
+        body = speech.strip().splitlines()[1:]
         found += ["\n".join(body[start : start + lines]) for start in range(0, len(body) - lines + 1, lines)]
     return found
 
@@ -164,14 +166,18 @@ def evaluate_infilling(model, held_out, device, teacher=None) -> dict:
 
 
 def new_model(kind: str, tokenizer, seed: int):
-    """An mBART of ``kind``'s shape, random, for ``tokenizer`` (whose end-of-text token also starts the decoder)."""
+    """An mBART of ``kind``'s shape, random, for ``tokenizer`` (whose end-of-text token also starts the decoder).
+
+    The draft that reads the target's encoder has token embeddings of its own for its decoder and its LM
+    head (``tie_word_embeddings=False``): a BART shares one matrix between the encoder, the decoder and
+    the LM head, and the encoder's must stay the target's (Whisper's encoder reads no tokens at all)."""
     from transformers import MBartConfig, MBartForConditionalGeneration
 
     eos = tokenizer.eos_token_id
     config = MBartConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=eos,
                         eos_token_id=eos, decoder_start_token_id=eos, forced_bos_token_id=None,
                         forced_eos_token_id=None, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-                        **WIDTH, **SHAPES[kind])
+                        tie_word_embeddings=kind != "draft", **WIDTH, **SHAPES[kind])
     torch.manual_seed(seed)
     return MBartForConditionalGeneration(config)
 
@@ -181,7 +187,9 @@ def shrink(target, draft):
     """Start ``draft`` from ``target``: its embeddings and the first layers of its encoder and decoder
     (distil-whisper's "shrink and fine-tune", which keeps the first and last decoder layers of 32).
     Returns ``draft``."""
-    draft.model.shared.load_state_dict(target.model.shared.state_dict())
+    for embedding in (draft.model.shared, draft.model.encoder.embed_tokens, draft.model.decoder.embed_tokens,
+                      draft.lm_head):  # one matrix in a tied model, four in an untied one
+        embedding.weight.copy_(target.model.shared.weight)
     for part in ("encoder", "decoder"):
         source, copy = getattr(target.model, part), getattr(draft.model, part)
         copy.embed_positions.load_state_dict(source.embed_positions.state_dict())
@@ -193,8 +201,8 @@ def shrink(target, draft):
 
 
 def freeze_encoder(draft):
-    """Train the decoder only: the encoder and the token embedding it shares with the decoder and the LM head
-    stay the target's, so the draft can decode from the target's encoder states."""
+    """Train the decoder and the LM head only: the encoder (with its token embedding) stays the target's, so
+    the draft can decode from the target's encoder states."""
     draft.model.encoder.requires_grad_(False)
     draft.model.shared.requires_grad_(False)
     return draft

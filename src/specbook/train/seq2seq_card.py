@@ -1,5 +1,6 @@
 """The encoder-decoder pair's model card, ``README.md``: what ships, measured (sizes, losses, exact match, α, c)."""
 
+import difflib
 import json
 
 import torch
@@ -62,24 +63,33 @@ def write_card(out, held_out):
     latency = {name: decode_latency(model, source, new_tokens=48, repeats=5) for name, model in models.items()}
     restored, _ = restorations(pair.target, pair.tokenizer, examples)
     exact = sum(text == example["passage"] for text, example in zip(restored, examples)) / len(examples)
+
+    def word_match(texts):  # the share of the play's words each text has, in order, on average
+        return sum(sum(block.size for block in difflib.SequenceMatcher(None, text.split(), example["passage"].split())
+                       .get_matching_blocks()) / len(example["passage"].split())
+                   for text, example in zip(texts, examples)) / len(examples)
+    words, source_words = word_match(restored), word_match([example["source"] for example in examples])
+
     drafters = {"draft (the target's encoder)": ModelDrafter(pair.draft, encoder="target"),
                 "draft-own-encoder": ModelDrafter(own), "prompt lookup": PromptLookupDrafter()}
     prompts = [pair.tokenizer(example["source"], return_tensors="pt").input_ids for example in examples]
-    greedy = {name: acceptance(pair.target, drafter, prompts, new_tokens=96) for name, drafter in drafters.items()}
-    sampled = {name: sampled_alpha(pair.target, model, pair.tokenizer, examples[:32])
-               for name, model in (("draft", pair.draft), ("draft-own-encoder", own))}
+    greedy = {name: acceptance(pair.target, drafter, prompts, new_tokens=96, eos_token_id=pair.tokenizer.eos_token_id)
+              for name, drafter in drafters.items()}
+    sampled = {name: f"{sampled_alpha(pair.target, model, pair.tokenizer, examples[:32]):.3f}"
+               for name, model in ((next(iter(drafters)), pair.draft), ("draft-own-encoder", own))}
+    kl = {name: f"{loss[name]['kl_to_target']:.3f}" for name in models if name != "target"}
     rows = "\n".join(
         f"| {name} | {SHAPES[name]['encoder_layers']} | {SHAPES[name]['decoder_layers']} | "
         f"{sum(p.numel() for p in model.parameters()):,} | {meta[name]['step']} | {meta[name]['seconds'] / 60:.0f} min | "
-        f"{loss[name]['loss']:.3f} | {loss[name].get('kl_to_target', float('nan')):.3f} | "
+        f"{loss[name]['loss']:.3f} | {kl.get(name, '-')} | "
         f"{1000 * latency[name]:.2f} | {latency[name] / latency['target']:.3f} |" for name, model in models.items())
     acceptance_rows = "\n".join(
         f"| {name} | {greedy[name]['acceptance_rate']:.3f} | {greedy[name]['tokens_per_step']:.2f} | "
-        f"{sampled.get(name.split(' (')[0], float('nan')):.3f} |" for name in drafters)
+        f"{sampled.get(name, '- (deterministic drafts)')} |" for name in drafters)
     samples = "\n\n".join(f"    {example['source']!r}\n -> {text!r}" for example, text in zip(examples[:4], restored))
     size_mb = sum(path.stat().st_size for path in out.rglob("*.safetensors")) / 1e6
-    card = CARD.format(rows=rows, acceptance_rows=acceptance_rows, exact=exact, count=len(examples),
-                       samples=samples, size_mb=size_mb, width=WIDTH, hardware=meta["target"]["hardware"],
+    card = CARD.format(rows=rows, acceptance_rows=acceptance_rows, exact=exact, words=words, source_words=source_words,
+                       count=len(examples), samples=samples, size_mb=size_mb, width=WIDTH, hardware=meta["target"]["hardware"],
                        machine=machine(), held_out=len(held_out) * held_out[0][0].shape[0])
     (out / "README.md").write_text(card)
     print(card)
@@ -99,9 +109,10 @@ gives the target and `draft`; `load_model("shakespeare-seq2seq", "draft-own-enco
 
 - `target`: 3 encoder and 6 decoder layers, trained on the task's cross entropy.
 - `draft`: the target's encoder (the same weights, frozen) and a decoder of one layer, started from the
-  target's first decoder layer and distilled from the target (KL(q || p) at every position): the
-  distil-whisper recipe, with which the encoder runs once for both models
-  (`ModelDrafter(pair.draft, encoder="target")`).
+  target's first decoder layer and distilled from the target (KL(q || p) at every position), with
+  token embeddings of its own for its decoder and LM head (BART's one shared matrix would tie them
+  to the frozen encoder's): the distil-whisper recipe, with which the encoder runs once for both
+  models (`ModelDrafter(pair.draft, encoder="target")`).
 - `draft-own-encoder`: one encoder layer and one decoder layer of its own, started from the target's
   first ones and distilled the same way.
 
@@ -117,7 +128,9 @@ so the encoder's one pass cancels), batch 1, greedy, on {machine}; c is the rati
 
 ## Restoring and drafting, {count} held-out passages (`heldout_passages.json`)
 
-The target restores {exact:.0%} of them exactly (greedy). Acceptance of its greedy output, K = 4
+The target restores {exact:.0%} of them exactly (greedy). Its output has {words:.0%} of the play's words, in
+order (`difflib.SequenceMatcher`'s matching blocks, on words), against {source_words:.0%} in its input with
+the masks: it copies what is left and guesses the cut words, mostly wrong at this size. Acceptance of its greedy output, K = 4
 (`specbook.bench.acceptance`), and alpha under sampling at temperature 1 (mean sum min(p, q) along the
 target's sampled outputs, the first 32 passages):
 
