@@ -136,3 +136,32 @@ def test_hugging_face_assisted_drafts_exactly_k():
     finally:
         hook.remove()
     assert pair.draft.generation_config.num_assistant_tokens != 5  # restored afterwards
+
+
+def test_the_seq2seq_suite_races_the_encoder_decoder_pair_and_hugging_face(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "seq2seq.json"
+    main(["bench", "--suite", "seq2seq", "--ks", "2,4", "--passages", "2", "--repeats", "1", "--json", str(out)])
+    results = json.loads(out.read_text())
+    rows = results["rows"]
+    methods = [row["method"] for row in rows if row["sampling"] == "greedy"]
+    assert results["pair"] == "shakespeare-seq2seq" and results["passages"] == 2
+    assert methods == ["autoregressive", "draft on the target's encoder, k=2", "draft on the target's encoder, k=4",
+                       "draft with its own encoder, k=4", "prompt lookup, k=4", "HF assisted (its schedule)",
+                       "HF assisted k=4"]
+    assert all(row["same_tokens"] for row in rows if row["sampling"] == "greedy")  # checked by the suite too
+    assert all(row["tokens"] < 2 * 64 for row in rows)  # every method stopped at the end of its text
+    assert "shakespeare-seq2seq, 2 held-out passages" in capsys.readouterr().out
+
+
+def test_the_seq2seq_suite_refuses_a_decoder_only_pair(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--suite", "seq2seq", "--pair", "shakespeare"])
+    assert "--suite seq2seq needs an encoder-decoder pair" in capsys.readouterr().err
+
+
+def test_generate_restores_a_passage_with_the_encoder_decoder_pair(capsys):
+    main(["generate", "To be, or <mask> to be: that is the question:", "--pair", "shakespeare-seq2seq", "--k", "4"])
+    out, err = capsys.readouterr()
+    assert out.strip().endswith("<|endoftext|>") and "question" in out and "tokens per call" in err

@@ -63,7 +63,7 @@ class Method:
 
 
 def autoregressive(target, sampler, max_new_tokens, **path):
-    """``path``: the GPU path's ``cache`` and ``compile`` options (`autoregressive_generate`)."""
+    """``path``: the GPU path's ``cache`` and ``compile`` options, or an ``eos_token_id`` (`autoregressive_generate`)."""
     def run(input_ids, seed):
         result = autoregressive_generate(target, input_ids, max_new_tokens, sampler, seed, **path)
         return result.token_ids, result.stats
@@ -81,18 +81,20 @@ def speculative(target, drafter, k, sampler, max_new_tokens, name=None, **path):
     return Method(label, run, k if isinstance(k, int) else None, weight_bytes(target))
 
 
-def hugging_face_assisted(target, draft, sampler, max_new_tokens, k=None):
+def hugging_face_assisted(target, draft, sampler, max_new_tokens, k=None, eos_token_id=None):
     """``target.generate(assistant_model=draft)``: its own schedule when k is None, else exactly k drafts a step.
 
-    Like the other methods it never stops early (no end-of-sequence token), so all produce the same length,
-    and it applies no repetition penalty, whatever the models' own generation configs say. Hugging Face
+    Like the other methods it stops early only at ``eos_token_id`` (by default never), so all produce the
+    same length, and it applies no repetition penalty, whatever the models' own generation configs say.
+    An encoder-decoder target reads ``input_ids`` with its encoder and so does the assistant with its own
+    (Hugging Face shares the target's encoder states only with an assistant that has no encoder). Hugging Face
     reads the draft length from the *assistant's* generation config, so a fixed k is set there for the
     duration of the call.
     """
     from transformers import GenerationConfig
     from transformers.utils import logging
 
-    options = dict(do_sample=not sampler.greedy, max_new_tokens=max_new_tokens, eos_token_id=None,
+    options = dict(do_sample=not sampler.greedy, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                    pad_token_id=target.config.eos_token_id, repetition_penalty=1.0)
     if not sampler.greedy:
         options.update(temperature=sampler.temperature, top_k=sampler.top_k or 0, top_p=sampler.top_p or 1.0)
@@ -116,7 +118,8 @@ def hugging_face_assisted(target, draft, sampler, max_new_tokens, k=None):
             logging.set_verbosity(verbosity)
             for name, value in saved.items():
                 setattr(draft.generation_config, name, value)
-        return output[0, input_ids.shape[1]:].tolist(), None
+        start = 1 if target.config.is_encoder_decoder else input_ids.shape[1]  # after the decoder's start token
+        return output[0, start:].tolist(), None
     return Method("HF assisted" + (f" k={k}" if k is not None else " (its schedule)"), run, k, weight_bytes(target))
 
 
@@ -128,6 +131,25 @@ def comparison(pair, sampler, max_new_tokens, ks=(1, 2, 3, 4, 6), hf=True):
         methods += [hugging_face_assisted(pair.target, pair.draft, sampler, max_new_tokens),
                     hugging_face_assisted(pair.target, pair.draft, sampler, max_new_tokens, k=max(ks))]
     return methods
+
+
+def encoder_decoder(pair, own_encoder_draft, sampler, max_new_tokens, ks=(2, 4, 6), eos_token_id=None):
+    """Chapter 4b's table, for an encoder-decoder pair whose draft can read the target's encoder states:
+    autoregressive; the draft on the target's encoder at each K; a draft with its own encoder and prompt
+    lookup (from the encoder's input) at the largest K; Hugging Face's assisted generation with the same
+    draft, its own schedule and the largest K. Every method stops at ``eos_token_id``."""
+    from .drafters import PromptLookupDrafter
+
+    k, target = max(ks), pair.target
+    shared = [speculative(target, ModelDrafter(pair.draft, encoder="target"), length, sampler, max_new_tokens,
+                          f"draft on the target's encoder, k={length}", eos_token_id=eos_token_id) for length in ks]
+    return [autoregressive(target, sampler, max_new_tokens, eos_token_id=eos_token_id), *shared,
+            speculative(target, ModelDrafter(own_encoder_draft), k, sampler, max_new_tokens,
+                        f"draft with its own encoder, k={k}", eos_token_id=eos_token_id),
+            speculative(target, PromptLookupDrafter(), k, sampler, max_new_tokens, f"prompt lookup, k={k}",
+                        eos_token_id=eos_token_id),
+            hugging_face_assisted(target, pair.draft, sampler, max_new_tokens, eos_token_id=eos_token_id),
+            hugging_face_assisted(target, pair.draft, sampler, max_new_tokens, k, eos_token_id=eos_token_id)]
 
 
 def ablation(pair, sampler, max_new_tokens, k=4, sweep=()):
@@ -315,14 +337,16 @@ def decode_latency(model, input_ids, new_tokens=64, repeats=3, **path):
     return (run_seconds(new_tokens) - run_seconds(1)) / (new_tokens - 1)
 
 
-def acceptance(target, drafter, prompts: list[torch.Tensor], new_tokens: int = 64, k: int = 4) -> dict:
+def acceptance(target, drafter, prompts: list[torch.Tensor], new_tokens: int = 64, k: int = 4,
+               eos_token_id: int | None = None) -> dict:
     """How much of the target's greedy continuation of each prompt ``drafter`` gets accepted.
 
-    Runs greedy speculative decoding and returns the mean ``tokens_per_step`` (accepted drafts + 1
-    per target call: the "acceptance length" tau of the Medusa and EAGLE papers) and the
-    ``acceptance_rate`` alpha, over ``prompts`` ((1, T) tensors).
+    Runs greedy speculative decoding (up to ``eos_token_id``, when given) and returns the mean
+    ``tokens_per_step`` (accepted drafts + 1 per target call: the "acceptance length" tau of the
+    Medusa and EAGLE papers) and the ``acceptance_rate`` alpha, over ``prompts`` ((1, T) tensors).
     """
-    runs = [speculative_generate(target, drafter, prompt, new_tokens, k=k, sampler=Sampler(0)) for prompt in prompts]
+    runs = [speculative_generate(target, drafter, prompt, new_tokens, k=k, sampler=Sampler(0),
+                                 eos_token_id=eos_token_id) for prompt in prompts]
     steps = [step for run in runs for step in run.steps]
     accepted = sum(step.accepted for step in steps)
     rejected = sum(step.accepted < len(step.drafted) for step in steps)

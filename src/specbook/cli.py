@@ -6,6 +6,8 @@
     python -m specbook bench --suite gpu --device cuda --dtype bfloat16 --json results/gpu.json
     python -m specbook bench --suite profile --ks 2,4
     python -m specbook bench --suite family --json results/family.json
+    python -m specbook generate "To be, or <mask> to be:" --pair shakespeare-seq2seq --trace
+    python -m specbook bench --suite seq2seq --ks 2,4,6 --json results/seq2seq.json
     python -m specbook chat
 """
 
@@ -15,10 +17,12 @@ import sys
 
 import torch
 
-from .bench import CATEGORIES, PROMPT_SETS, ablation, comparison, family, heads_and_trees, machine, run_benchmark
+from .bench import (CATEGORIES, PROMPT_SETS, ablation, comparison, encoder_decoder, family, heads_and_trees, machine,
+                    run_benchmark)
 from .decoding import autoregressive_generate, speculative_generate
+from .drafters import ModelDrafter
 from .gpu import gpu_benchmark, write_results
-from .models import BUILT_IN, load_pair
+from .models import BUILT_IN, assets_dir, load_model, load_pair
 from .packed import can_pack, pack_linears
 from .profile import copy_bandwidth, step_profile
 from .sampling import Sampler
@@ -64,11 +68,13 @@ def _load(args):
 
 def _generate(pair, prompt, method, k, sampler, max_new_tokens, seed):
     input_ids = pair.encode(prompt)
+    # an encoder-decoder model's output is a whole text: it stops at its end
+    stop = dict(eos_token_id=pair.tokenizer.eos_token_id) if pair.target.config.is_encoder_decoder else {}
     if method == "ar":
         return autoregressive_generate(pair.target, input_ids, max_new_tokens, sampler, seed,
-                                       tokenizer=pair.tokenizer)
-    return speculative_generate(pair.target, pair.draft, input_ids, max_new_tokens, k, sampler, seed,
-                                tokenizer=pair.tokenizer)
+                                       tokenizer=pair.tokenizer, **stop)
+    return speculative_generate(pair.target, ModelDrafter.for_pair(pair), input_ids, max_new_tokens, k, sampler, seed,
+                                tokenizer=pair.tokenizer, **stop)
 
 
 def _report(generation, pair, trace):
@@ -105,7 +111,12 @@ def bench(args):
     if args.suite in ("heads", "family") and (args.target or args.draft or args.pair not in (None, *BUILT_IN)):
         raise ValueError(f"--suite {args.suite} needs a built-in pair (--pair shakespeare, the default): its heads "
                          "were trained on that target's hidden states and fit no other model")
+    if args.suite == "seq2seq" and args.pair is None and args.target is None:
+        args.pair = "shakespeare-seq2seq"
     pair = _load(args)
+    if args.suite == "seq2seq" and not pair.target.config.is_encoder_decoder:
+        raise ValueError(f"--suite seq2seq needs an encoder-decoder pair (--pair shakespeare-seq2seq, the default, or "
+                         f"a Hugging Face pair); {pair.name} is decoder-only")
     if args.suite == "gpu":
         return _gpu_bench(pair, args)
     packed = args.pack and can_pack(pair.target)
@@ -115,6 +126,8 @@ def bench(args):
         return _profile(pair, args, packed)
     if args.suite == "family":
         return _family_bench(pair, args, packed)
+    if args.suite == "seq2seq":
+        return _seq2seq_bench(pair, args, packed)
     sampler = Sampler(args.temperature, args.top_k, args.top_p)
     if args.suite == "comparison":
         methods = comparison(pair, sampler, args.max_new_tokens, args.ks, args.hf)
@@ -183,6 +196,43 @@ def _family_bench(pair, args, packed):
                    "repeats": args.repeats, "sampled_temperature": samplings["sampled"].temperature,
                    "rows": [{key: None if value != value else value for key, value in row.items()} for row in rows]}
         write_results(results, args.json)  # NaN (nothing drafted, no stats) as null
+        print(f"written to {args.json}", file=sys.stderr)
+
+
+def _seq2seq_bench(pair, args, packed):
+    """An encoder-decoder pair (`specbook.bench.encoder_decoder`) on held-out passages to restore, greedy and
+    sampled (at --temperature, 1 if it is 0), every method stopping at the end of the text; one row per method
+    and sampling, written as JSON. As in the family suite, a greedy row that differs from autoregressive
+    decoding stops the run."""
+    import json
+
+    import pandas as pd
+
+    built_in = pair.name == "shakespeare-seq2seq"
+    own = load_model(pair.name, "draft-own-encoder", pair.target.device, pair.target.dtype) if built_in else pair.draft
+    texts = [row["source"] for row in json.loads((assets_dir("shakespeare-seq2seq") / "heldout_passages.json")
+                                                 .read_text())[: args.passages]]
+    prompts = [pair.encode(text) for text in texts]
+    rows = []
+    for sampling, sampler in {"greedy": Sampler(0), "sampled": Sampler(args.temperature or 1.0, args.top_k,
+                                                                       args.top_p)}.items():
+        methods = encoder_decoder(pair, own, sampler, args.max_new_tokens, args.ks, pair.tokenizer.eos_token_id)
+        for row in run_benchmark(methods, prompts, args.repeats, args.seed):
+            if sampling == "greedy" and not row["same_tokens"]:
+                raise AssertionError(f"{row['method']} changed the greedy output")
+            rows.append({"method": row["method"], "sampling": sampling, "k": row["k"],
+                         "speedup_vs_ar": row["speedup"], "same_tokens": row["same_tokens"] if sampling == "greedy"
+                         else None, **{key: row[key] for key in ("tokens_per_call", "acceptance_rate", "ms_per_token",
+                                                                 "tokens")}})
+    table = pd.DataFrame(rows)
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"{pair.name}, {len(prompts)} held-out passages, {machine()}, the target's linear layers "
+          f"{'packed' if packed else 'as loaded'}, {args.repeats} repeats")
+    if args.json:
+        write_results({"machine": machine(), "pair": pair.name, "packed_target": packed, "passages": len(prompts),
+                       "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+                       "rows": [{key: None if value != value else value for key, value in row.items()}
+                                for row in rows]}, args.json)
         print(f"written to {args.json}", file=sys.stderr)
 
 
@@ -275,7 +325,7 @@ def main(argv=None):
     _add_model_options(gen)
     _add_sampling_options(gen)
     ben = commands.add_parser("bench", help="benchmark AR, speculative (several K) and HF assisted generation")
-    ben.add_argument("--suite", choices=["comparison", "ablation", "heads", "gpu", "profile", "family"],
+    ben.add_argument("--suite", choices=["comparison", "ablation", "heads", "gpu", "profile", "family", "seq2seq"],
                      default="comparison",
                      help="comparison: AR, speculative for each K, HF assisted (chapter 4); ablation: model "
                           "drafter, EGAG, NASD, prompt lookup (chapter 5); heads: the model drafter as a chain "
@@ -283,7 +333,10 @@ def main(argv=None):
                           "(static caches, compiled steps) against AR and HF assisted, greedy and sampled, "
                           "written with --json (chapter 4); profile: where a speculative step's time goes, "
                           "for each K (specbook.profile); family: every method of the book on every kind of "
-                          "text, greedy and sampled, written with --json (chapter 6, built-in pair only)")
+                          "text, greedy and sampled, written with --json (chapter 6, built-in pair only); "
+                          "seq2seq: an encoder-decoder pair (default shakespeare-seq2seq) restoring held-out "
+                          "passages: the draft on the target's encoder at each K, a draft with its own encoder, "
+                          "prompt lookup and HF assisted, greedy and sampled, written with --json (chapter 4b)")
     ben.add_argument("--prompts", choices=["open", "grounded", "both"], default="both")
     ben.add_argument("--categories", type=lambda text: _choices(text, CATEGORIES), default=list(CATEGORIES),
                      help=f"--suite family: the kinds of text (default: {','.join(CATEGORIES)})")
@@ -291,6 +344,8 @@ def main(argv=None):
                      help="draft lengths (default: 1,2,3,4,6; the ablation sweeps the model drafter over them "
                           "and gives the lookup drafters the largest; the heads suite uses the largest)")
     ben.add_argument("--repeats", type=_positive_int, default=3)
+    ben.add_argument("--passages", type=_positive_int, default=16,
+                     help="--suite seq2seq: how many of the held-out passages (default: %(default)s)")
     ben.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
                      help="include Hugging Face assisted generation (default: yes)")
     ben.add_argument("--out", help="write the table as CSV")
