@@ -22,7 +22,8 @@ from .bench import (CATEGORIES, PROMPT_SETS, ablation, comparison, encoder_decod
 from .decoding import autoregressive_generate, speculative_generate
 from .drafters import ModelDrafter
 from .gpu import gpu_benchmark, write_results
-from .models import BUILT_IN, assets_dir, load_model, load_pair
+from .heads import WITH_HEADS
+from .models import assets_dir, load_model, load_pair
 from .packed import can_pack, pack_linears
 from .profile import copy_bandwidth, step_profile
 from .sampling import Sampler
@@ -108,7 +109,7 @@ def _built_in_heads(pair, kinds=("medusa", "eagle")):
 def bench(args):
     import pandas as pd
 
-    if args.suite in ("heads", "family") and (args.target or args.draft or args.pair not in (None, *BUILT_IN)):
+    if args.suite in ("heads", "family") and (args.target or args.draft or args.pair not in (None, *WITH_HEADS)):
         raise ValueError(f"--suite {args.suite} needs a built-in pair (--pair shakespeare, the default): its heads "
                          "were trained on that target's hidden states and fit no other model")
     if args.suite == "seq2seq" and args.pair is None and args.target is None:

@@ -39,7 +39,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .models import BUILT_IN, assets_dir, target_features
+from .models import assets_dir, target_features
+
+WITH_HEADS = ("shakespeare",)  # the built-in pairs whose target has trained heads
 
 
 def check_hidden_size(head, target) -> None:
@@ -79,7 +81,7 @@ class _Head(nn.Module):
 
         The head comes back in eval mode, on the target's device and in its dtype.
         """
-        if name_or_path in BUILT_IN:
+        if name_or_path in WITH_HEADS:
             directory = assets_dir(name_or_path) / cls.kind
             if not (directory / "config.json").exists():
                 raise FileNotFoundError(f"the built-in {cls.kind} head is not in this copy of specbook ({directory}): "
@@ -87,7 +89,7 @@ class _Head(nn.Module):
         else:
             directory = Path(name_or_path)
             if not (directory / "config.json").is_file():
-                raise ValueError(f"name_or_path must be a built-in name {list(BUILT_IN)} or a directory holding "
+                raise ValueError(f"name_or_path must be a built-in name {list(WITH_HEADS)} or a directory holding "
                                  f"config.json and model.safetensors (got {str(name_or_path)!r})")
         config = json.loads((directory / "config.json").read_text())
         if config.pop("kind") != cls.kind:
