@@ -9,21 +9,17 @@ from .seq2seq import SHAPES, WIDTH, evaluate_infilling, logits
 
 
 @torch.inference_mode()
-def restorations(model, tokenizer, examples, drafter=None, k=4):
-    """The model's greedy output for each example's source (by speculative decoding with ``drafter`` when
-    given), as text, with the runs: ``(texts, generations)``."""
-    from ..decoding import autoregressive_generate, speculative_generate
+def restorations(model, tokenizer, examples) -> list[str]:
+    """The model's greedy output for each example's source, as text."""
+    from ..decoding import autoregressive_generate
     from ..sampling import Sampler
 
-    texts, runs = [], []
+    texts = []
     for example in examples:
         source = tokenizer(example["source"], return_tensors="pt").input_ids
-        options = dict(eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer)
-        run = (speculative_generate(model, drafter, source, 96, k=k, sampler=Sampler(0), **options) if drafter
-               else autoregressive_generate(model, source, 96, Sampler(0), **options))
+        run = autoregressive_generate(model, source, 96, Sampler(0), eos_token_id=tokenizer.eos_token_id)
         texts.append(tokenizer.decode(run.token_ids, skip_special_tokens=True))
-        runs.append(run)
-    return texts, runs
+    return texts
 
 
 @torch.inference_mode()
@@ -61,7 +57,7 @@ def write_card(out, held_out):
             for name, model in models.items()}
     source = pair.tokenizer(examples[0]["source"], return_tensors="pt").input_ids
     latency = {name: decode_latency(model, source, new_tokens=48, repeats=5) for name, model in models.items()}
-    restored, _ = restorations(pair.target, pair.tokenizer, examples)
+    restored = restorations(pair.target, pair.tokenizer, examples)
     exact = sum(text == example["passage"] for text, example in zip(restored, examples)) / len(examples)
 
     def word_match(texts):  # the share of the play's words each text has, in order, on average

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..models import assets_dir
+from ..models import assets_dir, load_model
 from .corpus import build_corpus
 from .loop import TrainConfig, train_model
 from .models import save_model
@@ -27,12 +27,6 @@ from .seq2seq import (evaluate_infilling, freeze_encoder, held_out_batches, held
 
 STAGES = ("target", "draft", "draft-own-encoder", "card")
 HELD_OUT = 64  # held-out passages shipped with the pair, for the card, the chapter and the benchmark
-
-
-def load(path, device="cpu"):
-    from transformers import AutoModelForSeq2SeqLM
-
-    return AutoModelForSeq2SeqLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
 
 
 def main(argv=None):
@@ -80,7 +74,7 @@ def main(argv=None):
     if "target" in stages:
         train(new_model("target", tokenizer, args.seed), "target", args.target_steps, None, args.seed)
     if stages & {"draft", "draft-own-encoder"}:
-        target = load(out / "target", args.device).requires_grad_(False)
+        target = load_model(str(out), "target", args.device, torch.float32).requires_grad_(False)
     if "draft" in stages:
         draft = freeze_encoder(shrink(target, new_model("draft", tokenizer, args.seed + 1)))
         train(draft, "draft", args.draft_steps, target, args.seed + 1)
