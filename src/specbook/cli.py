@@ -21,7 +21,7 @@ from .bench import (CATEGORIES, PROMPT_SETS, ablation, comparison, encoder_decod
                     run_benchmark)
 from .decoding import autoregressive_generate, speculative_generate
 from .drafters import ModelDrafter
-from .gpu import gpu_benchmark, write_results
+from .gpu import gpu_benchmark, or_none, write_results
 from .heads import WITH_HEADS
 from .models import assets_dir, load_model, load_pair
 from .packed import can_pack, pack_linears
@@ -195,8 +195,8 @@ def _family_bench(pair, args, packed):
     if args.json:
         results = {"machine": machine(), "packed_target": packed, "max_new_tokens": args.max_new_tokens,
                    "repeats": args.repeats, "sampled_temperature": samplings["sampled"].temperature,
-                   "rows": [{key: None if value != value else value for key, value in row.items()} for row in rows]}
-        write_results(results, args.json)  # NaN (nothing drafted, no stats) as null
+                   "rows": [{key: or_none(value) for key, value in row.items()} for row in rows]}
+        write_results(results, args.json)
         print(f"written to {args.json}", file=sys.stderr)
 
 
@@ -232,8 +232,7 @@ def _seq2seq_bench(pair, args, packed):
     if args.json:
         write_results({"machine": machine(), "pair": pair.name, "packed_target": packed, "passages": len(prompts),
                        "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-                       "rows": [{key: None if value != value else value for key, value in row.items()}
-                                for row in rows]}, args.json)
+                       "rows": [{key: or_none(value) for key, value in row.items()} for row in rows]}, args.json)
         print(f"written to {args.json}", file=sys.stderr)
 
 

@@ -51,8 +51,8 @@ def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, r
                          "ms_per_token": row["ms_per_token"], "bandwidth_gb_s": row["bandwidth_gb_s"],
                          "speedup_vs_ar": row["speedup"],
                          "speedup_vs_hf": hf[row["k"]]["seconds"] / row["seconds"] if speculative_row else None,
-                         "tokens_per_call": _or_none(row["tokens_per_call"]),
-                         "acceptance_rate": _or_none(row["acceptance_rate"]),
+                         "tokens_per_call": or_none(row["tokens_per_call"]),
+                         "acceptance_rate": or_none(row["acceptance_rate"]),
                          "same_tokens_as_ar": row["same_tokens"]})
         fastest = max((row for row in measured if row["method"].startswith("speculative")), key=lambda r: r["speedup"])
         best[sampling] = {"k": fastest["k"], "speedup_vs_ar": fastest["speedup"],
@@ -71,7 +71,7 @@ def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, r
             "best": best, "results": rows}
 
 
-def _or_none(value):
+def or_none(value):
     """NaN (nothing measured: no drafts) as None, which JSON can hold."""
     return None if value != value else value
 
