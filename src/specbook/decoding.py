@@ -41,74 +41,26 @@ vectorised step (`verify_chain`), so the host waits for the device once per targ
 """
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from .cache import check_cache_options, is_static, keep_positions, new_cache, rollback
 from .compiled import compiled
-from .drafters import Drafter, ModelDrafter
-from .models import check_pair, check_token_ids
+from .drafters import as_drafter
+from .models import check_prompt, vocab_size
 from .policies import DraftLength, as_policy
+from .records import Generation, Stats, Step, finish
 from .rejection import verify_chain, verify_chain_greedy
-from .sampling import Sampler
+from .sampling import Sampler, make_generator
 from .seq2seq import EncoderDecoderView, check_encoder_inputs, decoder_start, encode, is_encoder_decoder
 from .trees import tree_model_inputs, tree_positions, verify_tree
-
-
-@dataclass
-class Step:
-    """One verification step: what was drafted, how much of it the target kept, and what it added.
-
-    For a tree draft, ``drafted`` is the path verification walked: the accepted nodes' tokens, then
-    the first candidate tried and rejected after them, if any (the other candidates are counted in
-    ``tree_nodes``). So ``drafted[:accepted] + [next_token]`` is what the step emitted, for chains
-    and trees alike.
-    """
-
-    drafted: list[int]
-    accepted: int
-    next_token: int
-    bonus: bool  # True when every draft was accepted and next_token is the free extra token
-    tree_nodes: int | None = None  # the size of a tree draft; None for a chain
-    side_nodes: int = field(default=0, repr=False)  # rows scored beside the tree in the same call (lookahead)
-
-
-@dataclass
-class Stats:
-    target_calls: int  # target forward passes after the prompt's prefill
-    draft_calls: int  # drafter forward passes (0 for model-free drafters)
-    acceptance_rate: float  # accepted / (accepted + rejected) drafts: the alpha of chapter 3 (for trees, the
-    # chance that some candidate at the current node is accepted: a chain is a tree with one candidate per depth)
-    tokens_per_step: float  # new tokens per target call
-    seconds: float  # wall time of the whole generation, prefill included
-    positions_per_call: float = 1.0  # positions each target call scored after the prompt: the pending token, then
-    # the drafts (a chain's, a tree's nodes, a lookahead window): what a call costs where it is not free to widen
-
-
-@dataclass
-class Generation:
-    token_ids: list[int]  # the new tokens only
-    stats: Stats
-    steps: list[Step] = field(default_factory=list)
-    text: str | None = None
 
 
 def _check_inputs(model, input_ids, max_new_tokens, cache="dynamic", compile=False):
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[0] != 1:
         shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise ValueError(f"input_ids must be a (1, T) tensor of token ids, a batch of one (got {shape})")
-    if input_ids.shape[1] == 0:
-        raise ValueError("input_ids must not be empty: give a prompt of at least one token")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
-    context = getattr(model.config, "max_position_embeddings", None)
-    if context is not None and input_ids.shape[1] + max_new_tokens > context:
-        raise ValueError(f"the prompt ({input_ids.shape[1]} tokens) plus max_new_tokens ({max_new_tokens}) must fit "
-                         f"the model's context of {context} tokens")
-    if input_ids.device != model.device:
-        raise ValueError(f"input_ids are on {input_ids.device} but the model is on {model.device}: move them with .to()")
-    check_token_ids(input_ids, model)
+    check_prompt(model, input_ids, max_new_tokens)
     check_cache_options(cache, compile)
 
 
@@ -128,10 +80,6 @@ def _decoder(model, input_ids, attention_mask=None, decoder_input_ids=None):
     return EncoderDecoderView(model, encoder_outputs, attention_mask), prompt, encoder_outputs
 
 
-def _vocab_size(model) -> int:
-    return model.get_output_embeddings().weight.shape[0]
-
-
 STATIC_BLOCK = 256  # static caches are sized in blocks of this many tokens
 
 
@@ -145,10 +93,6 @@ def _static_length(model, input_ids, max_new_tokens, cache):
     rounded = -(-needed // STATIC_BLOCK) * STATIC_BLOCK
     context = getattr(model.config, "max_position_embeddings", None)
     return rounded if context is None else min(rounded, context)
-
-
-def _generator(seed, device):
-    return None if seed is None else torch.Generator(device).manual_seed(seed)
 
 
 def _prefill(model, cache, input_ids, features=False):
@@ -172,13 +116,6 @@ def _target_forward(cache, input_ids, features, forward, **inputs):
     return outputs.logits[0], (outputs.hidden_states[-1][0] if features else None)
 
 
-def _finish(token_ids, eos_token_id, tokenizer):
-    """Cut after the first end-of-sequence token; decode when a tokenizer is known."""
-    if eos_token_id is not None and eos_token_id in token_ids:
-        token_ids = token_ids[: token_ids.index(eos_token_id) + 1]
-    return token_ids, (tokenizer.decode(token_ids) if tokenizer is not None else None)
-
-
 @torch.inference_mode()
 def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(), seed=None, eos_token_id=None,
                             tokenizer=None, cache="dynamic", compile=False, attention_mask=None,
@@ -192,11 +129,11 @@ def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(),
     """
     model, input_ids, _ = _decoder(model, input_ids, attention_mask, decoder_input_ids)
     _check_inputs(model, input_ids, max_new_tokens, cache, compile)
-    generator = _generator(seed, model.device)
+    generator = make_generator(seed, model.device)
     started = time.perf_counter()
     kv_cache = new_cache(model, _static_length(model, input_ids, max_new_tokens, cache))
     forward = compiled(model) if compile else model
-    vocab = _vocab_size(model)
+    vocab = vocab_size(model)
     inputs, call = input_ids, model  # the first call reads the whole prompt, uncompiled (its length varies)
     tokens = []
     while len(tokens) < max_new_tokens:
@@ -206,37 +143,9 @@ def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(),
         tokens.append(token)
         if eos_token_id is not None and int(token) == eos_token_id:
             break
-    token_ids, text = _finish(torch.cat(tokens).tolist(), eos_token_id, tokenizer)
+    token_ids, text = finish(torch.cat(tokens).tolist(), eos_token_id, tokenizer)
     stats = Stats(len(token_ids), 0, float("nan"), 1.0, time.perf_counter() - started)
     return Generation(token_ids, stats, text=text)
-
-
-def _as_drafter(drafter, target, cache="dynamic", compile=False, max_length=None):
-    if isinstance(drafter, torch.nn.Module):
-        drafter = ModelDrafter(drafter, cache, compile, max_length)
-    if not isinstance(drafter, Drafter):
-        raise ValueError(f"drafter must be a Drafter (e.g. ModelDrafter(draft_model)) or a model "
-                         f"(got {type(drafter).__name__})")
-    if isinstance(drafter, ModelDrafter):
-        if is_encoder_decoder(drafter.model) != is_encoder_decoder(target):
-            kinds = ["an encoder-decoder model" if is_encoder_decoder(m) else "decoder-only" for m in (drafter.model,
-                                                                                                    target)]
-            raise ValueError(f"the draft model ({type(drafter.model).__name__}) is {kinds[0]} and the target is "
-                             f"{kinds[1]}: draft with a model of the target's kind that shares its tokenizer")
-        check_pair(target, drafter.model)
-        drafter.vocab_size = min(_vocab_size(target), _vocab_size(drafter.model))
-    if drafter.uses_features and getattr(drafter, "target", target) is not target:
-        raise ValueError(f"{type(drafter).__name__} reads the features of another model than this target: "
-                         "build it on the target you verify with")
-    return drafter
-
-
-def _draft_probs(draft, vocab):
-    """The draft's p (n, vocab) over the target's ``vocab``: its reported distributions, zero on the rows
-    a narrower draft lacks, or one-hot rows for a deterministic drafter."""
-    if draft.probs is not None:
-        return torch.nn.functional.pad(draft.probs, (0, vocab - draft.probs.shape[1]))
-    return torch.nn.functional.one_hot(draft.tokens, vocab).float()
 
 
 def _chain_step(target, cache, pending, draft, drafter, sampler, generator, vocab, features, forward):
@@ -253,7 +162,7 @@ def _chain_step(target, cache, pending, draft, drafter, sampler, generator, voca
     if len(drafted) and sampler.greedy:
         accepted, next_token, bonus = verify_chain_greedy(drafted, logits.argmax(-1))
     elif len(drafted):
-        accepted, next_token, bonus = verify_chain(drafted, _draft_probs(draft, vocab), target_probs, generator,
+        accepted, next_token, bonus = verify_chain(drafted, draft.over(vocab), target_probs, generator,
                                                    validate=False)
     else:
         accepted, next_token, bonus = 0, int(sampler.sample(target_probs[0], generator)), False
@@ -295,7 +204,7 @@ def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab
     if len(tokens) > n:
         drafter.observe_side(logits[n + 1:])  # (m, vocab)
     target_probs = sampler.probs(logits[: n + 1])  # (n + 1, vocab)
-    path, next_token, bonus = verify_tree(draft.tokens, draft.parents, _draft_probs(draft, vocab), target_probs,
+    path, next_token, bonus = verify_tree(draft.tokens, draft.parents, draft.over(vocab), target_probs,
                                           generator, validate=False)
     committed = [0] + [node + 1 for node in path]  # rows: the root, then the accepted nodes
     keep_positions(cache, list(range(context)) + [context + row for row in committed])
@@ -333,10 +242,10 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     _check_inputs(target, input_ids, max_new_tokens, cache, compile)
     policy = as_policy(k)
     static_length = _static_length(target, input_ids, max_new_tokens, cache)
-    drafter = _as_drafter(drafter, target, cache, compile, static_length)
+    drafter = as_drafter(drafter, target, cache, compile, static_length)
     if encoder_outputs is not None:
         drafter.read_encoder(encoder_outputs, *encoder_inputs)
-    generator = _generator(seed, target.device)
+    generator = make_generator(seed, target.device)
     started = time.perf_counter()
     features = drafter.uses_features
     kv_cache = new_cache(target, static_length)
@@ -351,7 +260,7 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     policy.start()
     # Only a policy that reads the draft's confidence is asked after every drafted token (a softmax each).
     keep_drafting = policy.keep_drafting if type(policy).keep_drafting is not DraftLength.keep_drafting else None
-    vocab = _vocab_size(target)
+    vocab = vocab_size(target)
     token_ids, steps = [], []
     while len(token_ids) < max_new_tokens and (not token_ids or token_ids[-1] != eos_token_id):
         budget = min(policy.next_k(), max_new_tokens - len(token_ids) - 1)  # a step emits up to budget + 1 tokens
@@ -369,7 +278,7 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
         steps.append(step)
         token_ids += step.drafted[: step.accepted] + [step.next_token]
         pending = [step.next_token]
-    token_ids, text = _finish(token_ids, eos_token_id, tokenizer)
+    token_ids, text = finish(token_ids, eos_token_id, tokenizer)
     accepted = sum(step.accepted for step in steps)
     rejected = sum(step.accepted < len(step.drafted) for step in steps)
     stats = Stats(

@@ -85,6 +85,27 @@ def check_token_ids(input_ids: torch.Tensor, model: torch.nn.Module, name: str =
                          f"{low} to {high}): was the text encoded with this model's tokenizer?")
 
 
+def check_prompt(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int) -> None:
+    """Refuse prompts ``input_ids`` (B, T) that ``model`` cannot continue by ``max_new_tokens``: empty ones, ones
+    that with the new tokens overflow its context, ones on another device or with ids it cannot embed."""
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids must not be empty: give a prompt of at least one token")
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
+    context = getattr(model.config, "max_position_embeddings", None)
+    if context is not None and input_ids.shape[1] + max_new_tokens > context:
+        raise ValueError(f"the prompt ({input_ids.shape[1]} tokens) plus max_new_tokens ({max_new_tokens}) must fit "
+                         f"the model's context of {context} tokens")
+    if input_ids.device != model.device:
+        raise ValueError(f"input_ids are on {input_ids.device} but the model is on {model.device}: move them with .to()")
+    check_token_ids(input_ids, model)
+
+
+def vocab_size(model: torch.nn.Module) -> int:
+    """The width of ``model``'s logits: the rows of its LM head, padding rows included."""
+    return model.get_output_embeddings().weight.shape[0]
+
+
 def attention_summary(config) -> str:
     """How a model's layers attend, in words: "full" or "sliding window W in n of L layers"."""
     windows = attention_windows(config)
@@ -123,7 +144,7 @@ def check_pair(target: torch.nn.Module, draft: torch.nn.Module) -> None:
                          "put both on the same device")
     same_specials = all(getattr(target.config, name, None) == getattr(draft.config, name, None)
                         for name in ("bos_token_id", "eos_token_id"))
-    widths = [model.get_output_embeddings().weight.shape[0] for model in (target, draft)]
+    widths = [vocab_size(model) for model in (target, draft)]
     if not same_specials or abs(widths[0] - widths[1]) >= 128:
         raise ValueError(f"the draft must share the target's tokenizer (target vocabulary {widths[0]}, "
                          f"draft {widths[1]}; special tokens {'agree' if same_specials else 'differ'})")

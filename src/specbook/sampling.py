@@ -64,3 +64,8 @@ class Sampler:
             return probs.argmax(-1)
         flat = probs.reshape(-1, probs.shape[-1])
         return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def make_generator(seed: int | None, device) -> torch.Generator | None:
+    """A random stream on ``device`` seeded with ``seed``; None (the global stream) for no seed."""
+    return None if seed is None else torch.Generator(device).manual_seed(seed)

@@ -33,7 +33,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from .cache import attention_windows
+from .masks import attention_inputs
 from .policies import check_integer
 from .rejection import _accept_probs, check_distribution, residual_distribution
 
@@ -87,35 +87,16 @@ def tree_model_inputs(parents, context_length: int, in_cache: int = 0, dtype=tor
 
     The cache holds ``context_length`` tokens before the root, then the first ``in_cache`` rows of
     the tree (root first, node order); the call feeds the remaining rows in_cache..n. Returns
-    ``attention_mask`` (1, 1, rows, cache + rows), a float mask added to the attention scores
-    (0 = visible, the dtype's minimum = hidden), and ``position_ids`` (1, rows). transformers 5
-    passes a 4D mask through unchanged (`masking_utils._preprocess_mask_arguments`), and both
-    the eager and the SDPA attention add a float mask to the scores.
-
-    A custom mask replaces the model's own, sliding window included. So when the model's
-    ``config`` has sliding-window layers (`specbook.cache.attention_windows`), a row at position
-    i also hides the keys at positions <= i - W, as the model's mask would; and when its layers
-    differ (Gemma 2 and 3, Qwen2: full and sliding), ``attention_mask`` is a dict with one mask per
-    kind of layer, keyed like the model's ``config.layer_types``, which those models accept.
+    ``attention_mask`` (1, 1, rows, cache + rows), a float mask added to the attention scores (0 =
+    visible, the dtype's minimum = hidden; one per kind of layer, sliding windows applied, for a
+    model whose layers attend differently: `specbook.masks`), and ``position_ids`` (1, rows).
     """
     visible = tree_attention_mask(parents)[in_cache:]  # (rows, n + 1)
     visible = torch.cat([torch.ones(visible.shape[0], context_length, dtype=torch.bool), visible], 1)
     tree_positions_all = tree_positions(parents, context_length)  # (n + 1,)
     positions = tree_positions_all[in_cache:]  # (rows,)
     key_positions = torch.cat([torch.arange(context_length), tree_positions_all])  # (cache + n + 1,)
-
-    def mask(window):
-        shown = visible if window is None else visible & (key_positions[None] > positions[:, None] - window)
-        float_mask = torch.zeros(shown.shape, dtype=dtype).masked_fill(~shown, torch.finfo(dtype).min)
-        return float_mask[None, None].to(device)  # (1, 1, rows, cache + n + 1)
-
-    windows = set(attention_windows(config)) if config is not None else {None}
-    if len(windows) == 1:
-        attention_mask = mask(windows.pop())
-    else:
-        attention_mask = {"full_attention" if window is None else "sliding_attention": mask(window)
-                          for window in windows}
-    return dict(attention_mask=attention_mask, position_ids=positions[None].to(device))
+    return attention_inputs(visible[None], positions[None], key_positions[None], dtype, device, config)
 
 
 def tree_forward(model, cache, input_ids: torch.Tensor, parents, in_cache: int = 0) -> torch.Tensor:

@@ -10,7 +10,7 @@ from .eagle import EagleDrafter
 from .early_exit import SelfSpeculativeDrafter
 from .lookahead import LookaheadDrafter
 from .medusa import MedusaDrafter
-from .model import ModelDrafter
+from .model import ModelDrafter, as_drafter
 from .ngram import LookupDrafter, NGramDrafter, NGramStorage, PromptLookupDrafter
 from .tree import SampledTreeDrafter, TopKTreeDrafter
 

@@ -41,6 +41,13 @@ class Draft:
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
+    def over(self, vocab: int) -> torch.Tensor:
+        """The draft's p (n, vocab) over the target's ``vocab``: its reported distributions, zero on the rows
+        a narrower draft lacks, or one-hot rows for a deterministic drafter."""
+        if self.probs is not None:
+            return torch.nn.functional.pad(self.probs, (0, vocab - self.probs.shape[1]))
+        return torch.nn.functional.one_hot(self.tokens, vocab).float()
+
 
 class Drafter:
     """What the engine needs from a drafter. Subclasses override ``start``, ``propose`` and ``update``.

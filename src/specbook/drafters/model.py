@@ -13,8 +13,8 @@ import torch
 
 from ..cache import check_cache_options, new_cache, rollback
 from ..compiled import compiled
-from ..models import SHARED_ENCODER, check_token_ids
-from ..seq2seq import EncoderDecoderView, encode
+from ..models import SHARED_ENCODER, check_pair, check_token_ids, vocab_size
+from ..seq2seq import EncoderDecoderView, encode, is_encoder_decoder
 from .base import Draft, Drafter
 
 ENCODERS = ("own", "target")  # an encoder-decoder draft's encoder states: its own encoder's, or the target's
@@ -38,7 +38,7 @@ class ModelDrafter(Drafter):
         self.model, self.seq2seq, self.encoder = model, model, encoder
         self.static_length = (max_length or model.config.max_position_embeddings) if cache == "static" else None
         self.forward = compiled(model) if compile else model
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = vocab_size(model)
         self.calls = 0
 
     @classmethod
@@ -108,3 +108,25 @@ class ModelDrafter(Drafter):
         next_token = torch.full((1,), next_token, dtype=self.proposed.dtype, device=self.device)  # no host copy
         self.pending = torch.cat([self.pending, self.proposed[in_cache:num_accepted], next_token])
         self.proposed = self.proposed[:0]
+
+
+def as_drafter(drafter, target, cache="dynamic", compile=False, max_length=None) -> Drafter:
+    """``drafter`` ready to draft for ``target``: a model becomes a `ModelDrafter` (with the engine's ``cache``,
+    ``compile`` and ``max_length``), and a drafter that cannot serve this target is refused."""
+    if isinstance(drafter, torch.nn.Module):
+        drafter = ModelDrafter(drafter, cache, compile, max_length)
+    if not isinstance(drafter, Drafter):
+        raise ValueError(f"drafter must be a Drafter (e.g. ModelDrafter(draft_model)) or a model "
+                         f"(got {type(drafter).__name__})")
+    if isinstance(drafter, ModelDrafter):
+        if is_encoder_decoder(drafter.model) != is_encoder_decoder(target):
+            kinds = ["an encoder-decoder model" if is_encoder_decoder(m) else "decoder-only" for m in (drafter.model,
+                                                                                                    target)]
+            raise ValueError(f"the draft model ({type(drafter.model).__name__}) is {kinds[0]} and the target is "
+                             f"{kinds[1]}: draft with a model of the target's kind that shares its tokenizer")
+        check_pair(target, drafter.model)
+        drafter.vocab_size = min(vocab_size(target), vocab_size(drafter.model))
+    if drafter.uses_features and getattr(drafter, "target", target) is not target:
+        raise ValueError(f"{type(drafter).__name__} reads the features of another model than this target: "
+                         "build it on the target you verify with")
+    return drafter
