@@ -110,7 +110,7 @@ def test_chi_square_catches_a_broken_verifier(tiny_pair, monkeypatch):
     (dict(k=0), "k must"),
     (dict(max_new_tokens=0), "max_new_tokens"),
     (dict(input_ids=torch.empty(1, 0, dtype=torch.long)), "input_ids must not be empty"),
-    (dict(input_ids=torch.zeros(2, 3, dtype=torch.long)), "batch of one"),
+    (dict(input_ids=torch.zeros(1, 2, 3, dtype=torch.long)), r"a \(1, T\) tensor of token ids, or \(B, T\)"),
     (dict(max_new_tokens=300), "context"),
     (dict(input_ids=torch.tensor([[1, 2, 64]])), r"input_ids must be token ids in \[0, 64\)"),
     (dict(input_ids=torch.tensor([[1, -1, 2]])), r"input_ids must be token ids in \[0, 64\)"),

@@ -6,19 +6,20 @@ the draft's cost per token relative to the target's.
 """
 
 from . import display  # noqa: F401  (registers and enables the "specbook" Altair renderer)
-from .decoding import Generation, Stats, Step, autoregressive_generate, speculative_generate
+from .decoding import autoregressive_generate, speculative_generate
 from .drafters import (Draft, Drafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter, NGramDrafter,
                        PromptLookupDrafter, SampledTreeDrafter, SelfSpeculativeDrafter, TopKTreeDrafter)
 from .heads import EagleHead, ExitHead, MedusaHeads
 from .models import ModelPair, load_model, load_pair
-from .policies import ConfidenceStop, DraftLength, EntropyGuidedK, FixedK, HeuristicK
+from .policies import BatchSizeK, ConfidenceStop, DraftLength, EntropyGuidedK, FixedK, HeuristicK
+from .records import BatchGeneration, BatchStats, Generation, Stats, Step
 from .rejection import acceptance_rate, output_distribution, residual_distribution, verify_chain, verify_chain_greedy
 from .sampling import Sampler
 from .theory import expected_tokens_per_step, optimal_k, speedup
 from .trees import DynamicTree, TreeSpec, tree_attention_mask, tree_positions, verify_tree, verify_tree_greedy
 
 __all__ = [
-    "ConfidenceStop", "Draft", "DraftLength", "Drafter", "DynamicTree", "EagleDrafter", "EagleHead",
+    "BatchGeneration", "BatchSizeK", "BatchStats", "ConfidenceStop", "Draft", "DraftLength", "Drafter", "DynamicTree", "EagleDrafter", "EagleHead",
     "EntropyGuidedK", "ExitHead", "FixedK", "Generation", "HeuristicK", "LookaheadDrafter", "MedusaDrafter",
     "MedusaHeads", "ModelDrafter", "ModelPair", "NGramDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "Sampler",
     "SelfSpeculativeDrafter", "Stats", "Step", "TopKTreeDrafter", "TreeSpec", "acceptance_rate",

@@ -1,4 +1,4 @@
-"""Autoregressive and speculative generation, batch of one, with rolled-back KV caches.
+"""Autoregressive and speculative generation with rolled-back KV caches.
 
 `autoregressive_generate` is Algorithm 1 of the book: one target call per token.
 `speculative_generate` is speculative sampling (Leviathan et al. 2023, Algorithm 1; Chen et al.
@@ -44,12 +44,13 @@ import time
 
 import torch
 
+from .batch import generate_batch
 from .cache import check_cache_options, is_static, keep_positions, new_cache, rollback
 from .compiled import compiled
 from .drafters import as_drafter
 from .models import check_prompt, vocab_size
 from .policies import DraftLength, as_policy
-from .records import Generation, Stats, Step, finish
+from .records import BatchGeneration, Generation, Stats, Step, finish
 from .rejection import verify_chain, verify_chain_greedy
 from .sampling import Sampler, make_generator
 from .seq2seq import EncoderDecoderView, check_encoder_inputs, decoder_start, encode, is_encoder_decoder
@@ -59,9 +60,21 @@ from .trees import tree_model_inputs, tree_positions, verify_tree
 def _check_inputs(model, input_ids, max_new_tokens, cache="dynamic", compile=False):
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[0] != 1:
         shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-        raise ValueError(f"input_ids must be a (1, T) tensor of token ids, a batch of one (got {shape})")
+        raise ValueError(f"input_ids must be a (1, T) tensor of token ids, or (B, T) for a batch of prompts (got {shape})")
     check_prompt(model, input_ids, max_new_tokens)
     check_cache_options(cache, compile)
+
+
+def _batched(model, input_ids, attention_mask, decoder_input_ids, cache, compile) -> bool:
+    """Whether the prompts are a batch for `specbook.batch`: a decoder-only model, and B > 1 rows or an
+    ``attention_mask`` (a tokenizer's padded output, whatever its size)."""
+    if (is_encoder_decoder(model) or decoder_input_ids is not None or not isinstance(input_ids, torch.Tensor)
+            or input_ids.ndim != 2 or input_ids.shape[0] == 1 and attention_mask is None):
+        return False
+    if cache != "dynamic" or compile:
+        raise ValueError("a batch decodes with cache='dynamic' and compile=False: the static cache and compiled "
+                         "steps are for a batch of one")
+    return True
 
 
 def _decoder(model, input_ids, attention_mask=None, decoder_input_ids=None):
@@ -119,14 +132,21 @@ def _target_forward(cache, input_ids, features, forward, **inputs):
 @torch.inference_mode()
 def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(), seed=None, eos_token_id=None,
                             tokenizer=None, cache="dynamic", compile=False, attention_mask=None,
-                            decoder_input_ids=None) -> Generation:
+                            decoder_input_ids=None) -> Generation | BatchGeneration:
     """Algorithm 1: one target call per new token. ``input_ids`` is (1, T).
 
     ``cache`` ("dynamic" or "static") and ``compile`` choose the GPU path, as in `speculative_generate`.
     Tokens stay on the device until the end, unless an ``eos_token_id`` must be watched for.
     An encoder-decoder model reads ``input_ids`` (with ``attention_mask``) with its encoder, as its
     ``generate`` does, and decodes after ``decoder_input_ids`` (default: its decoder start token).
+
+    A batch of prompts -- ``input_ids`` (B, T), left-padded, with its ``attention_mask``, as a tokenizer
+    pads them for generation -- decodes every row at once and returns a `BatchGeneration`, one
+    `Generation` per row (`specbook.batch`); ``seed`` s then gives row b the random stream s + b.
     """
+    if _batched(model, input_ids, attention_mask, decoder_input_ids, cache, compile):
+        return generate_batch(model, None, input_ids, max_new_tokens, 0, sampler, seed, eos_token_id, tokenizer,
+                              attention_mask)
     model, input_ids, _ = _decoder(model, input_ids, attention_mask, decoder_input_ids)
     _check_inputs(model, input_ids, max_new_tokens, cache, compile)
     generator = make_generator(seed, model.device)
@@ -219,7 +239,7 @@ def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab
 @torch.inference_mode()
 def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sampler=Sampler(), seed=None,
                          eos_token_id=None, tokenizer=None, cache="dynamic", compile=False, attention_mask=None,
-                         decoder_input_ids=None) -> Generation:
+                         decoder_input_ids=None) -> Generation | BatchGeneration:
     """Speculative sampling: draft up to ``k`` tokens, verify them with one target call, repeat.
 
     ``drafter`` is a `Drafter` (or a draft model, wrapped in `ModelDrafter`); ``k`` an int or a
@@ -236,7 +256,14 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     and decodes after ``decoder_input_ids`` (`specbook.seq2seq`); its drafter is told the encoder's
     input and states (`Drafter.read_encoder`): a draft model reads them or runs its own encoder,
     prompt lookup copies from the encoder's input, and a drafter that cannot is refused.
+
+    A batch of prompts -- ``input_ids`` (B, T), left-padded, with its ``attention_mask``, as a tokenizer
+    pads them for generation -- decodes every row at once and returns a `BatchGeneration`, one
+    `Generation` per row (`specbook.batch`); ``seed`` s then gives row b the random stream s + b.
     """
+    if _batched(target, input_ids, attention_mask, decoder_input_ids, cache, compile):
+        return generate_batch(target, drafter, input_ids, max_new_tokens, k, sampler, seed, eos_token_id, tokenizer,
+                              attention_mask)
     encoder_inputs = input_ids, attention_mask
     target, input_ids, encoder_outputs = _decoder(target, input_ids, attention_mask, decoder_input_ids)
     _check_inputs(target, input_ids, max_new_tokens, cache, compile)

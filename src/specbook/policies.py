@@ -13,6 +13,8 @@ reveals: whether everything was accepted (`HeuristicK`), how sure the draft is o
 
 import torch
 
+from .theory import batch_speedup
+
 
 def check_integer(name: str, value, minimum: int) -> None:
     """Raise ValueError naming ``name`` unless ``value`` is an integer >= ``minimum`` (bool is refused)."""
@@ -41,6 +43,9 @@ class DraftLength:
 
     def update(self, drafted: int, accepted: int, draft_probs: torch.Tensor | None) -> None:
         """The step drafted ``drafted`` tokens (distributions (drafted, vocab), or None) and ``accepted`` passed."""
+
+    def observe_batch(self, rows: int) -> None:
+        """Before a step of a batch (`specbook.batch`): ``rows`` sequences are decoding together."""
 
 
 class FixedK(DraftLength):
@@ -196,6 +201,52 @@ class EntropyGuidedK(HeuristicK):
     def __repr__(self):
         return (f"EntropyGuidedK(gamma_min={self.k_min}, gamma_max={self.k_max}, ema={self.ema}, "
                 f"entropy_ref={self.entropy_ref})")
+
+
+class BatchSizeK(DraftLength):
+    """K from the batch size: long drafts for a few rows, shorter ones for many, none for a full batch.
+
+    At batch size one a target call that scores K + 1 positions costs about what a call on one
+    position costs, which is what makes speculation pay. In a batch every row adds K + 1 positions to
+    the call, the call turns from memory-bound to compute-bound, and its cost grows with K (chapter 7
+    measures it), so the best K shrinks as the batch grows, down to K = 0, plain decoding. vLLM
+    turns speculation off above a batch size (``disable_by_batch_size``); this policy keeps a K per
+    batch size. ``k_by_batch`` maps a batch size to the K used from it on: {1: 4, 8: 2, 16: 0}
+    drafts 4 tokens for 1 to 7 rows, 2 for 8 to 15, none from 16. `from_costs` fills it from costs
+    measured on the machine at hand.
+    """
+
+    def __init__(self, k_by_batch: dict[int, int]):
+        if not isinstance(k_by_batch, dict) or 1 not in k_by_batch:
+            raise ValueError(f"k_by_batch must be a dict from batch sizes to K that starts at batch size 1 "
+                             f"(got {k_by_batch!r})")
+        for batch, k in k_by_batch.items():
+            check_integer("k_by_batch's batch sizes", batch, 1)
+            check_integer("k_by_batch's K", k, 0)
+        self.k_by_batch = dict(sorted(k_by_batch.items()))
+        self.rows = 1
+
+    @classmethod
+    def from_costs(cls, alpha: float, cost_ratio: dict[int, float], verify_ratio: dict[int, list[float]]):
+        """The K that maximises `specbook.theory.batch_speedup` at each measured batch size, 0 where no K beats
+        plain decoding. ``cost_ratio[B]``: a draft call's cost relative to a target call on one position, at
+        batch size B; ``verify_ratio[B][K]``: a target call on K + 1 positions per row relative to one on one
+        position (so ``verify_ratio[B][0]`` is 1), for K = 0 ... K_max."""
+        table = {}
+        for batch, ratios in verify_ratio.items():
+            ks = range(1, len(ratios))
+            gains = [batch_speedup(alpha, k, cost_ratio[batch], ratios[k]) for k in ks]
+            table[batch] = ks[gains.index(max(gains))] if gains and max(gains) > 1 else 0
+        return cls(table)
+
+    def observe_batch(self, rows: int) -> None:
+        self.rows = rows
+
+    def next_k(self) -> int:
+        return [k for batch, k in self.k_by_batch.items() if batch <= self.rows][-1]
+
+    def __repr__(self):
+        return f"BatchSizeK({self.k_by_batch})"
 
 
 def as_policy(k) -> DraftLength:

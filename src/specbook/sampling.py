@@ -65,6 +65,16 @@ class Sampler:
         flat = probs.reshape(-1, probs.shape[-1])
         return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
+    def sample_rows(self, probs: torch.Tensor, generators: list, active: list[bool]) -> torch.Tensor:
+        """One token per row of a batch, ``probs`` (B, vocab) -> (B,), row b drawn from its own stream
+        ``generators[b]`` exactly as `sample` draws it alone, so a row's tokens do not depend on the
+        other rows. Rows not ``active`` get the argmax and leave their stream untouched."""
+        tokens = probs.argmax(-1)  # (B,)
+        if not self.greedy:
+            for row in (row for row, on in enumerate(active) if on):
+                tokens[row] = self.sample(probs[row], generators[row])
+        return tokens
+
 
 def make_generator(seed: int | None, device) -> torch.Generator | None:
     """A random stream on ``device`` seeded with ``seed``; None (the global stream) for no seed."""

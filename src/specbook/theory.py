@@ -105,6 +105,22 @@ def optimal_k(alpha, cost_ratio, k_max: int = 64) -> int:
     return int(candidates[np.argmax(speedup(alpha, candidates, cost_ratio))])
 
 
+def batch_speedup(alpha, k, cost_ratio, verify_ratio):
+    """Theorem 3.8 where widening a target call is not free: (1 - alpha^(K+1)) / ((1 - alpha)(c K + r)).
+
+    ``verify_ratio`` r is the cost of a target call that scores K + 1 positions per row relative to
+    one that scores one, at the same batch size: 1 where a call is memory-bound (a small batch on a
+    GPU), more as the batch grows and the call turns compute-bound (chapter 7 measures it), so the
+    speedup falls below 1 where r outgrows the tokens a step emits. With r = 1 this is `speedup`.
+    """
+    alpha, k = _check_alpha(alpha), _check_positive_int(k, "k")
+    cost_ratio = _check_nonnegative(cost_ratio, "cost_ratio")
+    verify_ratio = np.asarray(verify_ratio, dtype=float)
+    if not (np.isfinite(verify_ratio) & (verify_ratio > 0)).all():
+        raise ValueError(f"verify_ratio must be a finite number > 0 (got {verify_ratio!r})")
+    return _as_output(_tokens_per_step(alpha, k) / (cost_ratio * k + verify_ratio))
+
+
 def arithmetic_overhead(alpha, k, op_ratio):
     """Expected factor increase in arithmetic operations, Leviathan Theorem 3.11.
 

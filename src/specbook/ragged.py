@@ -1,0 +1,97 @@
+"""A KV cache for a batch of rows that grow at different speeds.
+
+A batched call feeds every row the same number of new positions, but after verification each row
+keeps its own number of them: row b keeps its pending token and its a_b accepted drafts, and drops
+the rest. Three ways to store that: copy every row into place after each step (a cache's worth of
+memory traffic per step), keep one cache per row (B calls instead of one), or leave the dropped
+positions where they are and hide them. `RaggedCache` does the last, as paged servers do with
+their block tables: one `transformers.DynamicCache` for the whole batch, and a (B, L) bool map of
+which of its L columns hold a row's committed tokens. Left padding (`check_batch`) starts as
+hidden columns, rejected drafts and the shorter rows' filler become hidden columns, and trailing
+columns that no row keeps are cropped off (`specbook.cache.rollback`).
+
+Each call then needs what the model's own mask cannot say: every new row sees the visible columns
+before it and itself, and sits at its row's own position -- the number of visible columns before
+it -- so its rotary or learned position is what it would be alone (`specbook.masks`, sliding
+windows included). A hidden row still sees itself, so that no attention row is empty (an empty one
+would fill the cache with NaN, which a zero weight does not cancel). The price is the hidden
+columns: the keys a call reads but masks, counted by `hidden`.
+"""
+
+import torch
+
+from .cache import new_cache, rollback
+from .masks import attention_inputs
+
+
+def check_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Validate a batch of prompts, left-padded as Hugging Face tokenizers pad them for generation
+    (``padding_side="left"``), and return its mask (B, T) as bools (all True when none is given)."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise ValueError(f"input_ids must be a (B, T) tensor of token ids (got {shape})")
+    if attention_mask is None:
+        return torch.ones_like(input_ids, dtype=torch.bool)
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+        raise ValueError(f"attention_mask must have the shape of input_ids, {tuple(input_ids.shape)} (got {shape})")
+    if attention_mask.is_floating_point() or ((attention_mask != 0) & (attention_mask != 1)).any():
+        raise ValueError("attention_mask must hold 0 (padding) and 1 (token) as integers or bools")
+    mask = attention_mask.bool()
+    if not mask[:, -1].all():
+        row = int((~mask[:, -1]).nonzero()[0])
+        raise ValueError(f"attention_mask: row {row} is padded on the right; prompts must be padded on the left "
+                         "(tokenizer.padding_side = 'left'), so that every row's last column is its last token")
+    if (mask[:, 1:] < mask[:, :-1]).any():
+        row = int((mask[:, 1:] < mask[:, :-1]).any(1).nonzero()[0])
+        raise ValueError(f"attention_mask: row {row} has padding between its tokens; padding must all be on the left")
+    return mask
+
+
+class RaggedCache:
+    """``model``'s KV cache for a batch whose rows keep different numbers of positions (module docstring).
+
+    ``visible`` (B, L): which cache columns hold each row's tokens. A call goes ``model(tokens,
+    **cache.inputs(new_visible))``, then ``cache.forget(...)`` hides what the call fed but a row did
+    not keep.
+    """
+
+    def __init__(self, model, rows: int):
+        self.cache = new_cache(model)  # refuses layers that cannot be rolled back
+        self.config, self.dtype, self.device = model.config, model.dtype, model.device
+        self.visible = torch.zeros(rows, 0, dtype=torch.bool)  # (B, L), on the host: masks are built there
+
+    def inputs(self, new_visible: torch.Tensor) -> dict:
+        """The keyword arguments of a call that feeds m new columns, ``new_visible`` (B, m) saying which of
+        them hold tokens (the rest: padding, filler); the map grows by them."""
+        past = self.visible.shape[1]
+        visible = torch.cat([self.visible, new_visible.cpu()], 1)  # (B, L + m)
+        key_positions = visible.long().cumsum(1) - 1  # (B, L + m): a column's position in its own row
+        rows = torch.arange(new_visible.shape[1])
+        causal = torch.arange(visible.shape[1])[None] <= past + rows[:, None]  # (m, L + m)
+        sees = visible[:, None] & causal  # (B, m, L + m)
+        sees[:, rows, past + rows] = True  # every new row sees itself: no empty attention row
+        self.visible = visible
+        return dict(past_key_values=self.cache, use_cache=True,
+                    **attention_inputs(sees, key_positions[:, past:].clamp(min=0), key_positions, self.dtype,
+                                       self.device, self.config))
+
+    def forget(self, columns: int, keep) -> None:
+        """Of the last ``columns`` columns fed, row b keeps only the first ``keep[b]``; crop the columns no row keeps."""
+        if columns:
+            self.visible[:, -columns:] &= torch.arange(columns)[None] < torch.as_tensor(keep).view(-1, 1)
+        kept = self.visible.any(0).nonzero()  # (n, 1)
+        length = int(kept[-1]) + 1 if len(kept) else 0
+        rollback(self.cache, self.visible.shape[1] - length)
+        self.visible = self.visible[:, :length]
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only ``rows`` of the batch (finished rows leave it), then crop the columns no row keeps."""
+        self.cache.batch_select_indices(torch.tensor(rows, dtype=torch.long, device=self.device))
+        self.visible = self.visible[rows]
+        self.forget(0, None)
+
+    @property
+    def hidden(self) -> float:
+        """The share of the cache's columns that hold no token of their row: what a call reads and masks."""
+        return 1 - self.visible.float().mean().item() if self.visible.numel() else 0.0

@@ -1,0 +1,277 @@
+"""Batched decoding (`specbook.batch`): every row exact, as if it were decoded alone, or a clear refusal.
+
+Greedy rows equal their prompt's batch-of-one output (and the target's own ``generate``) for batches
+up to 32 with left-padded prompts of different lengths and rows that stop early, on every family of
+the architecture matrix; sampled rows follow the target in the chi-square test, row by row, and a
+row's tokens do not depend on the other rows. A broken variant -- one acceptance count shared by
+all rows -- fails both.
+"""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specbook import (BatchSizeK, EntropyGuidedK, HeuristicK, MedusaDrafter, MedusaHeads, NGramDrafter,
+                      PromptLookupDrafter, Sampler, TopKTreeDrafter, autoregressive_generate, speculative_generate)
+from specbook import batch as batch_module
+from specbook.ragged import check_batch
+
+from families import FAMILIES, VOCAB, hf_greedy, tiny_family_model
+from support import NEW_TOKENS, SAMPLERS, sequence_distribution, tiny_model
+
+GREEDY = Sampler(0)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A tiny target with clear-cut greedy choices and a draft that agrees with it about 60% of the time: its LM
+    head is the target's plus noise. (Two random models would never agree, and acceptance would not be ragged.)"""
+    target = tiny_model(seed=0)
+    draft = tiny_model(seed=0)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(8)
+        noise = torch.randn(target.lm_head.weight.shape, generator=torch.Generator().manual_seed(1))
+        draft.lm_head.weight.copy_(target.lm_head.weight + 0.3 * target.lm_head.weight.std() * noise)
+    return target, draft
+
+
+def left_pad(prompts, pad=0):
+    """A list of 1-D prompts as a left-padded (B, T) batch and its attention mask."""
+    width = max(len(prompt) for prompt in prompts)
+    ids = torch.tensor([[pad] * (width - len(prompt)) + list(prompt) for prompt in prompts])
+    mask = torch.tensor([[0] * (width - len(prompt)) + [1] * len(prompt) for prompt in prompts])
+    return ids, mask
+
+
+def random_prompts(count, vocab=64, longest=12, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, longest + 1, (count,), generator=generator).tolist()
+    return [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in lengths]
+
+
+def alone(target, drafter, prompt, new_tokens, **options):
+    """The batch-of-one output for ``prompt``: autoregressive when ``drafter`` is None."""
+    ids = torch.tensor([prompt])
+    if drafter is None:
+        return autoregressive_generate(target, ids, new_tokens, **options)
+    return speculative_generate(target, drafter, ids, new_tokens, **options)
+
+
+@pytest.mark.parametrize("batch", [2, 32])
+def test_greedy_rows_equal_their_batch_of_one_output(pair, batch):
+    target, draft = pair
+    prompts = random_prompts(batch, longest=12, seed=batch)
+    ids, mask = left_pad(prompts)
+    references = [alone(target, None, prompt, 20, sampler=GREEDY).token_ids for prompt in prompts]
+    assert autoregressive_generate(target, ids, 20, GREEDY, attention_mask=mask).token_ids == references
+    result = speculative_generate(target, draft, ids, 20, k=3, sampler=GREEDY, attention_mask=mask)
+    assert result.token_ids == references
+    assert sum(row.stats.acceptance_rate > 0 for row in result) > batch // 2  # the drafts were really verified
+
+
+def test_rows_that_stop_early(pair):
+    """Rows stop at their own end-of-sequence token, inside an accepted run or not, and leave the batch."""
+    target, draft = pair
+    prompts = random_prompts(8, seed=3)
+    outputs = [alone(target, None, prompt, 24, sampler=GREEDY).token_ids for prompt in prompts]
+    eos = outputs[0][5]  # a token some rows emit early, others late or never
+    ids, mask = left_pad(prompts)
+    references = [alone(target, draft, prompt, 24, k=4, sampler=GREEDY, eos_token_id=eos).token_ids
+                  for prompt in prompts]
+    result = speculative_generate(target, draft, ids, 24, k=4, sampler=GREEDY, eos_token_id=eos, attention_mask=mask)
+    assert result.token_ids == references
+    lengths = {len(row) for row in references}
+    assert len(lengths) > 1 and min(lengths) < 24  # ragged: some rows stopped early
+    assert result.stats.rows_per_call < 8  # and stopped costing target work
+
+
+@pytest.mark.parametrize("drafter", ["prompt_lookup", "nasd"])
+def test_model_free_drafters_batch(pair, drafter):
+    target, _ = pair
+    make = {"prompt_lookup": lambda: PromptLookupDrafter(max_ngram=2, min_ngram=1),
+            "nasd": lambda: NGramDrafter(filler_top_k=2)}[drafter]
+    prompts = [prompt * 3 for prompt in random_prompts(5, longest=4, seed=4)]  # repeats to look up
+    ids, mask = left_pad(prompts)
+    references = [alone(target, make(), prompt, 20, k=3, sampler=GREEDY) for prompt in prompts]
+    result = speculative_generate(target, make(), ids, 20, k=3, sampler=GREEDY, attention_mask=mask)
+    assert result.token_ids == [reference.token_ids for reference in references]
+    assert [row.steps for row in result] == [reference.steps for reference in references]  # same drafts, step by step
+    assert result.stats.draft_calls == 0
+
+
+@pytest.mark.parametrize("policy", [lambda: HeuristicK(2, 1, 6), lambda: EntropyGuidedK(1, 5)])
+def test_each_row_keeps_its_own_policy(pair, policy):
+    target, draft = pair
+    prompts = random_prompts(4, seed=5)
+    ids, mask = left_pad(prompts)
+    references = [alone(target, draft, prompt, 20, k=policy(), sampler=GREEDY) for prompt in prompts]
+    result = speculative_generate(target, draft, ids, 20, k=policy(), sampler=GREEDY, attention_mask=mask)
+    assert [row.steps for row in result] == [reference.steps for reference in references]
+
+
+def test_a_rows_sample_does_not_depend_on_the_batch(pair):
+    """Row b draws from seed + b (or its own seed): the same prompt and seed give the same tokens in any batch."""
+    target, draft = pair
+    prompts = random_prompts(4, seed=6)
+    alone_tokens = alone(target, draft, prompts[2], 16, k=3, sampler=SAMPLERS[1], seed=7).token_ids
+    ids, mask = left_pad(prompts)
+    assert speculative_generate(target, draft, ids, 16, k=3, sampler=SAMPLERS[1], seed=5,
+                                attention_mask=mask)[2].token_ids == alone_tokens
+    ids, mask = left_pad([prompts[2], prompts[0]])
+    assert speculative_generate(target, draft, ids, 16, k=3, sampler=SAMPLERS[1], seed=[7, 1],
+                                attention_mask=mask)[0].token_ids == alone_tokens
+
+
+def _shared_acceptance(monkeypatch):
+    """The broken variant: every row keeps as many drafts as the first row accepted."""
+    verify = batch_module.verify_rows
+
+    def shared(drafts, lengths, *args):
+        accepted, next_tokens = verify(drafts, lengths, *args)
+        return [min(accepted[0], n) for n in lengths], next_tokens
+
+    monkeypatch.setattr(batch_module, "verify_rows", shared)
+
+
+def test_greedy_equality_catches_a_shared_acceptance_count(pair, monkeypatch):
+    target, draft = pair
+    prompts = random_prompts(8, seed=2)
+    ids, mask = left_pad(prompts)
+    references = [alone(target, None, prompt, 20, sampler=GREEDY).token_ids for prompt in prompts]
+    _shared_acceptance(monkeypatch)
+    assert speculative_generate(target, draft, ids, 20, k=3, sampler=GREEDY, attention_mask=mask).token_ids \
+        != references
+
+
+PROMPTS, COPIES, ROUNDS = ([0, 1, 2], [1], [2, 2, 0, 1]), 100, 15  # 1,500 samples per prompt
+
+
+def _row_p_values(target, drafter, sampler):
+    """Per prompt, the chi-square p-value of its NEW_TOKENS-token samples, drawn COPIES at a time in batches
+    that mix the three prompts (different lengths, so different padding)."""
+    ids, mask = left_pad([prompt for prompt in PROMPTS for _ in range(COPIES)])
+    counts = [{} for _ in PROMPTS]
+    for round_ in range(ROUNDS):
+        result = speculative_generate(target, drafter, ids, NEW_TOKENS, k=2, sampler=sampler,
+                                      seed=round_ * len(ids), attention_mask=mask)
+        for row, generation in enumerate(result):
+            tally = counts[row // COPIES]
+            tally[tuple(generation.token_ids)] = tally.get(tuple(generation.token_ids), 0) + 1
+    p_values = []
+    for prompt, tally in zip(PROMPTS, counts):
+        with torch.no_grad():
+            exact = sequence_distribution(target, torch.tensor([prompt]), sampler)
+        assert all(exact[sequence] > 0 for sequence in tally)  # nothing outside the support
+        samples = COPIES * ROUNDS
+        big = [sequence for sequence in exact if exact[sequence] * samples >= 5]
+        observed = [tally.get(s, 0) for s in big] + [samples - sum(tally.get(s, 0) for s in big)]
+        predicted = [exact[s] * samples for s in big] + [samples - sum(exact[s] * samples for s in big)]
+        if predicted[-1] < 1e-9:
+            observed, predicted = observed[:-1], predicted[:-1]
+        scale = sum(observed) / sum(predicted)
+        p_values.append(chisquare(observed, [value * scale for value in predicted]).pvalue)
+    return p_values
+
+
+def test_every_row_follows_the_target(tiny_pair):
+    assert min(_row_p_values(*tiny_pair, SAMPLERS[0])) > 1e-3
+
+
+def test_chi_square_catches_a_shared_acceptance_count(tiny_pair, monkeypatch):
+    _shared_acceptance(monkeypatch)
+    assert min(_row_p_values(*tiny_pair, SAMPLERS[0])) < 1e-6
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_pair(request):
+    return tiny_family_model(request.param), tiny_family_model(request.param, seed=1, layers=1, vocab=VOCAB + 32)
+
+
+def test_every_family_batches(family_pair):
+    """Left padding, holes and sliding windows (8 positions) on every family: each row equals HF's generate."""
+    target, draft = family_pair
+    prompts = random_prompts(4, vocab=VOCAB, longest=14, seed=9) + [random_prompts(1, vocab=VOCAB, seed=1)[0] * 4]
+    ids, mask = left_pad(prompts)
+    with torch.no_grad():
+        references = [hf_greedy(target, torch.tensor([prompt]), 20) for prompt in prompts]
+    assert autoregressive_generate(target, ids, 20, GREEDY, attention_mask=mask).token_ids == references
+    assert speculative_generate(target, draft, ids, 20, k=3, sampler=GREEDY, attention_mask=mask).token_ids \
+        == references
+    assert speculative_generate(target, PromptLookupDrafter(), ids, 20, k=3, sampler=GREEDY,
+                                attention_mask=mask).token_ids == references
+
+
+def test_batch_size_policy(pair):
+    target, draft = pair
+    policy = BatchSizeK({1: 4, 3: 2, 6: 0})
+    ks = []
+    for rows in (1, 2, 3, 5, 6, 40):
+        policy.observe_batch(rows)
+        ks.append(policy.next_k())
+    assert ks == [4, 4, 2, 2, 0, 0]
+    prompts = random_prompts(6, seed=8)
+    ids, mask = left_pad(prompts)
+    references = [alone(target, None, prompt, 12, sampler=GREEDY).token_ids for prompt in prompts]
+    plain = speculative_generate(target, draft, ids, 12, k=BatchSizeK({1: 3, 6: 0}), sampler=GREEDY,
+                                 attention_mask=mask)
+    assert plain.token_ids == references and plain.stats.draft_calls == 0  # K = 0 at 6 rows: plain decoding
+    mixed = speculative_generate(target, draft, ids, 12, k=BatchSizeK({1: 3, 6: 0}), sampler=GREEDY,
+                                 eos_token_id=references[0][2], attention_mask=mask)
+    assert mixed.stats.draft_calls > 0  # rows that stopped early leave a batch small enough to draft for
+
+
+def test_batch_size_policy_from_costs():
+    """Where verifying K + 1 positions costs K + 1 times one position, no K pays: K = 0."""
+    policy = BatchSizeK.from_costs(0.8, {1: 0.1, 32: 0.1}, {1: [1, 1.05, 1.1, 1.15, 1.2], 32: [1, 2, 3, 4, 5]})
+    assert policy.k_by_batch == {1: 4, 32: 0}
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(attention_mask=torch.ones(2, 3)), "attention_mask must have the shape"),
+    (dict(attention_mask=torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])), "row 1 is padded on the right"),
+    (dict(attention_mask=torch.tensor([[1, 1, 1, 1], [1, 0, 1, 1]])), "padding between its tokens"),
+    (dict(attention_mask=torch.tensor([[1, 1, 1, 1], [0, 2, 1, 1]])), "0 \\(padding\\) and 1"),
+    (dict(seed=[1, 2, 3]), "a list of 2 ints"),
+    (dict(cache="static"), "cache='dynamic'"),
+])
+def test_bad_batches_are_refused(pair, kwargs, match):
+    target, draft = pair
+    ids = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4]])
+    with pytest.raises(ValueError, match=match):
+        speculative_generate(target, draft, ids, 5, **kwargs)
+
+
+@pytest.mark.parametrize("make", [lambda t, d: TopKTreeDrafter(d, (2, 2)),
+                                  lambda t, d: MedusaDrafter(t, MedusaHeads(t.config.hidden_size, 2))])
+def test_drafters_that_cannot_batch_are_refused(pair, make):
+    target, draft = pair
+    with pytest.raises(ValueError, match="drafts for one sequence at a time"):
+        speculative_generate(target, make(target, draft), torch.tensor([[5, 6], [1, 2]]), 5)
+
+
+def test_bad_policy_tables_are_refused():
+    for table, match in (({2: 4}, "starts at batch size 1"), ({1: -1}, "K must be an integer >= 0"),
+                         ({1: 2, 0: 1}, "batch sizes must be an integer >= 1")):
+        with pytest.raises(ValueError, match=match):
+            BatchSizeK(table)
+
+
+def test_check_batch_without_a_mask():
+    assert check_batch(torch.zeros(3, 4, dtype=torch.long), None).all()
+
+
+def test_seq2seq_batches_are_refused():
+    from specbook import load_pair
+    pair = load_pair("shakespeare-seq2seq")
+    ids = torch.tensor([[5, 6, 7], [5, 6, 8]])
+    with pytest.raises(ValueError, match="a \\(1, S\\) tensor"):
+        speculative_generate(pair.target, pair.draft, ids, 5)
+
+
+def test_a_batch_of_one_keeps_its_api(pair):
+    target, draft = pair
+    prompt = torch.tensor([[1, 2, 3]])
+    assert type(speculative_generate(target, draft, prompt, 5)).__name__ == "Generation"
+    batched = speculative_generate(target, draft, prompt, 5, sampler=GREEDY, attention_mask=torch.ones_like(prompt))
+    assert type(batched).__name__ == "BatchGeneration" and len(batched) == 1
+    assert batched[0].token_ids == speculative_generate(target, draft, prompt, 5, sampler=GREEDY).token_ids
