@@ -132,7 +132,8 @@ def generate_batch(target, drafter, input_ids, max_new_tokens, k, sampler, seed=
         keep = []
         for i, (row, n, a, token) in enumerate(zip(rows, ks, accepted, next_tokens)):
             if drafter is not None:
-                drafter.observe_target(i, sampler.probs(logits[i, : a + 1]))  # NASD's filler reads them
+                if drafter.observes_target:  # NASD's filler reads the target's distributions
+                    drafter.observe_target(i, sampler.probs(logits[i, : a + 1]))
                 policies[row].update(n, a, draft_probs[i, :n] if draft_probs is not None else None)
             steps[row].append(Step(drafted[i][:n], a, token, bonus=bool(n) and a == n))
             tokens[row] += drafted[i][:a] + [token]

@@ -8,6 +8,7 @@
     python -m specbook bench --suite family --json results/family.json
     python -m specbook generate "To be, or <mask> to be:" --pair shakespeare-seq2seq --trace
     python -m specbook bench --suite seq2seq --ks 2,4,6 --json results/seq2seq.json
+    python -m specbook bench --suite batch --batch-sizes 1,2,4,8,16,32 --json results/batch.json
     python -m specbook chat
 """
 
@@ -17,6 +18,7 @@ import sys
 
 import torch
 
+from .batch_bench import batch_suite, report
 from .bench import (CATEGORIES, PROMPT_SETS, ablation, comparison, encoder_decoder, family, heads_and_trees, machine,
                     run_benchmark)
 from .decoding import autoregressive_generate, speculative_generate
@@ -130,6 +132,12 @@ def bench(args):
     if args.suite == "seq2seq":
         return _seq2seq_bench(pair, args, packed)
     sampler = Sampler(args.temperature, args.top_k, args.top_p)
+    if args.suite == "batch":
+        results = batch_suite(pair, args.batch_sizes, args.ks, args.max_new_tokens, args.repeats, sampler, args.seed)
+        print(report(results))
+        if args.json:
+            write_results({**results, "packed_target": packed}, args.json)
+        return
     if args.suite == "comparison":
         methods = comparison(pair, sampler, args.max_new_tokens, args.ks, args.hf)
     elif args.suite == "ablation":
@@ -325,7 +333,8 @@ def main(argv=None):
     _add_model_options(gen)
     _add_sampling_options(gen)
     ben = commands.add_parser("bench", help="benchmark AR, speculative (several K) and HF assisted generation")
-    ben.add_argument("--suite", choices=["comparison", "ablation", "heads", "gpu", "profile", "family", "seq2seq"],
+    ben.add_argument("--suite", choices=["comparison", "ablation", "heads", "gpu", "profile", "family", "seq2seq",
+                                         "batch"],
                      default="comparison",
                      help="comparison: AR, speculative for each K, HF assisted (chapter 4); ablation: model "
                           "drafter, EGAG, NASD, prompt lookup (chapter 5); heads: the model drafter as a chain "
@@ -336,7 +345,11 @@ def main(argv=None):
                           "text, greedy and sampled, written with --json (chapter 6, built-in pair only); "
                           "seq2seq: an encoder-decoder pair (default shakespeare-seq2seq) restoring held-out "
                           "passages: the draft on the target's encoder at each K, a draft with its own encoder, "
-                          "prompt lookup and HF assisted, greedy and sampled, written with --json (chapter 4b)")
+                          "prompt lookup and HF assisted, greedy and sampled, written with --json (chapter 4b); "
+                          "batch: batched AR, HF generate and speculative decoding at each K and with the "
+                          "batch-size policy, at each --batch-sizes, written with --json (chapter 7)")
+    ben.add_argument("--batch-sizes", type=lambda text: [_positive_int(b) for b in text.split(",")],
+                     default=[1, 2, 4, 8, 16, 32], help="--suite batch: the batch sizes (default: 1,2,4,8,16,32)")
     ben.add_argument("--prompts", choices=["open", "grounded", "both"], default="both")
     ben.add_argument("--categories", type=lambda text: _choices(text, CATEGORIES), default=list(CATEGORIES),
                      help=f"--suite family: the kinds of text (default: {','.join(CATEGORIES)})")
@@ -349,7 +362,7 @@ def main(argv=None):
     ben.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
                      help="include Hugging Face assisted generation (default: yes)")
     ben.add_argument("--out", help="write the table as CSV")
-    ben.add_argument("--json", help="--suite gpu and family: write the results file (JSON) here")
+    ben.add_argument("--json", help="--suite gpu, family, seq2seq and batch: write the results file (JSON) here")
     ben.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
                      help="pack the target's linear layers once for oneDNN, for every method alike, where the "
                           "target is on the CPU (specbook.packed; default: yes)")

@@ -34,6 +34,16 @@ class ModelPair:
         """Text -> a (1, T) tensor of token ids on the target's device."""
         return self.tokenizer(text, return_tensors="pt").input_ids.to(self.target.device)
 
+    def encode_batch(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Texts -> ``input_ids`` (B, T) padded on the left, as batched generation needs, and their
+        ``attention_mask`` (B, T), 0 on the padding (whose ids, the pad or end-of-text token, are never read)."""
+        rows = [self.tokenizer(text).input_ids for text in texts]
+        width, pad = max(map(len, rows)), self.tokenizer.pad_token_id or self.tokenizer.eos_token_id or 0
+        input_ids = torch.tensor([[pad] * (width - len(row)) + row for row in rows], device=self.target.device)
+        attention_mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows],
+                                      device=self.target.device)
+        return input_ids, attention_mask
+
 
 def assets_dir(name: str = "shakespeare") -> Path:
     """Where a built-in pair's files live inside the installed package."""

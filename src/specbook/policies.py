@@ -242,8 +242,12 @@ class BatchSizeK(DraftLength):
     def observe_batch(self, rows: int) -> None:
         self.rows = rows
 
+    def k_for(self, rows: int) -> int:
+        """The K this policy drafts for a batch of ``rows`` sequences."""
+        return [k for batch, k in self.k_by_batch.items() if batch <= rows][-1]
+
     def next_k(self) -> int:
-        return [k for batch, k in self.k_by_batch.items() if batch <= self.rows][-1]
+        return self.k_for(self.rows)
 
     def __repr__(self):
         return f"BatchSizeK({self.k_by_batch})"

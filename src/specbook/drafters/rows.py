@@ -27,6 +27,8 @@ from .ngram import LookupDrafter
 class ModelRows:
     """A `ModelDrafter`'s model drafting for every row of a (B, T) left-padded batch (``visible`` its mask)."""
 
+    observes_target = False  # a draft model learns nothing from the target's distributions
+
     def __init__(self, drafter: ModelDrafter, input_ids: torch.Tensor, visible: torch.Tensor):
         self.model, self.vocab_size, self.calls = drafter.model, drafter.vocab_size, 0
         self.cache = RaggedCache(self.model, input_ids.shape[0])
@@ -76,9 +78,6 @@ class ModelRows:
                         for row, (fed, a, token) in enumerate(zip(self.fed, accepted, next_tokens))]
         self.proposed = self.fed = None
 
-    def observe_target(self, row: int, target_probs: torch.Tensor) -> None:
-        """A draft model learns nothing from the target's distributions."""
-
     def select(self, rows: list[int]) -> None:
         self.cache.select(rows)
         self.pending = [self.pending[row] for row in rows]
@@ -86,6 +85,8 @@ class ModelRows:
 
 class LookupRows:
     """A copy of a drafter that reads committed tokens for every row of a (B, T) left-padded batch."""
+
+    observes_target = True  # NASD's filler learns from the target's distributions
 
     def __init__(self, drafter: LookupDrafter, input_ids: torch.Tensor, visible: torch.Tensor):
         self.rows, self.calls = [copy.deepcopy(drafter) for _ in range(input_ids.shape[0])], 0

@@ -1,0 +1,182 @@
+"""Benchmarks of batched decoding (chapter 7): what a verification costs as the batch grows, and where
+speculation stops paying.
+
+`call_costs` times the calls the batched engine makes: one call of a model on n new positions per row,
+after a context, at each batch size (over a `specbook.ragged.RaggedCache`, as `specbook.batch` calls it).
+Their ratios are chapter 3's costs at batch size B: the draft's cost ratio c_B (a draft call over a
+target call on one position) and the verification ratio r_B(K) (a target call on K + 1 positions over
+one on one), which `specbook.theory.batch_speedup` turns into a predicted speedup and
+`specbook.policies.BatchSizeK.from_costs` into a draft length per batch size.
+
+`batch_suite` then times, at each batch size, on the same left-padded prompts: batched autoregressive
+decoding, Hugging Face's batched ``generate``, batched speculative decoding at each K and with the
+batch-size policy (and, at batch size one, the batch-of-one loop). Rounds are interleaved, a method's time
+is its median, and every ratio is taken within the run. Hugging Face's assisted generation refuses
+batches larger than one; the suite asks it and records its answer.
+"""
+
+import json
+import statistics
+
+import torch
+from tqdm.auto import tqdm
+
+from .bench import INPUT_GROUNDED, OPEN_ENDED, REPETITIVE, _clock, machine
+from .decoding import autoregressive_generate, speculative_generate
+from .models import assets_dir
+from .policies import BatchSizeK
+from .ragged import RaggedCache
+from .theory import batch_speedup
+
+
+def batch_prompts(count: int) -> list[str]:
+    """``count`` prompts of different lengths for a batch: the built-in pair's held-out prompts, then the
+    benchmark prompts of chapters 4 to 6, then the held-out prompts cut to their first lines."""
+    heldout = json.loads((assets_dir("shakespeare") / "heldout_prompts.json").read_text())
+    texts = heldout + OPEN_ENDED + INPUT_GROUNDED + REPETITIVE
+    texts += ["\n".join(text.split("\n")[:2]) for text in heldout]
+    if count > len(texts):
+        raise ValueError(f"count must be at most {len(texts)}, the prompts there are (got {count})")
+    return texts[:count]
+
+
+@torch.inference_mode()
+def call_costs(model, batch_sizes, positions, context: int = 64, repeats: int = 5) -> dict[int, list[float]]:
+    """Median seconds of one call of ``model`` feeding n new positions per row (n in ``positions``) after
+    ``context`` tokens, at each batch size: {batch size: [seconds for each n]}. Random tokens: the cost of a
+    call does not depend on which tokens it reads. The n are interleaved in every round."""
+    costs = {}
+    vocab = model.get_input_embeddings().num_embeddings
+    for batch in batch_sizes:
+        tokens = torch.randint(vocab, (batch, context + max(positions)), device=model.device)
+        cache = RaggedCache(model, batch)
+        model(tokens[:, :context], **cache.inputs(torch.ones(batch, context, dtype=torch.bool)), logits_to_keep=1)
+        times = {n: [] for n in positions}
+        for round_ in range(repeats + 1):  # the first round warms up
+            for n in positions:
+                started = _clock()
+                model(tokens[:, context: context + n], **cache.inputs(torch.ones(batch, n, dtype=torch.bool)),
+                      logits_to_keep=n)
+                if round_:
+                    times[n].append(_clock() - started)
+                cache.forget(n, [0] * batch)
+        costs[batch] = [statistics.median(times[n]) for n in positions]
+    return costs
+
+
+def _hugging_face_batch(target, sampler, max_new_tokens):
+    options = dict(do_sample=not sampler.greedy, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                   pad_token_id=target.config.eos_token_id, repetition_penalty=1.0)
+    if not sampler.greedy:
+        options.update(temperature=sampler.temperature, top_k=sampler.top_k or 0, top_p=sampler.top_p or 1.0)
+
+    def run(input_ids, attention_mask, seed):
+        torch.manual_seed(seed)
+        output = target.generate(input_ids, attention_mask=attention_mask, **options)
+        return output[:, input_ids.shape[1]:].tolist()
+    return run
+
+
+def _assisted_refusal(target, draft, input_ids, attention_mask) -> str | None:
+    """What Hugging Face's assisted generation says to a batch (None if it decodes it)."""
+    try:
+        target.generate(input_ids, attention_mask=attention_mask, assistant_model=draft, max_new_tokens=2,
+                        do_sample=False, pad_token_id=target.config.eos_token_id)
+    except ValueError as error:
+        return str(error).strip().split("\n")[0]
+    return None
+
+
+def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0, progress=True) -> dict:
+    """The batch benchmark (module docstring): one row per (batch size, method), and the costs and policy
+    it used. ``speedup_vs_ar`` is over batched autoregressive decoding at the same batch size;
+    ``predicted_speedup`` is `specbook.theory.batch_speedup` with the measured alpha, c_B and r_B(K)."""
+    target, draft = pair.target, pair.draft
+    verify = call_costs(target, batch_sizes, range(1, max(ks) + 2))
+    drafting = call_costs(draft, batch_sizes, [1])
+    cost_ratio = {b: drafting[b][0] / verify[b][0] for b in batch_sizes}
+    verify_ratio = {b: [t / verify[b][0] for t in verify[b]] for b in batch_sizes}
+    ids, mask = pair.encode_batch(batch_prompts(min(batch_sizes)))
+    probe = speculative_generate(target, draft, ids, max_new_tokens, k=max(ks), sampler=sampler, seed=seed,
+                                 attention_mask=mask)  # alpha, for the formula and the policy
+    alpha = statistics.fmean(row.stats.acceptance_rate for row in probe)
+    policy = BatchSizeK.from_costs(alpha, cost_ratio, verify_ratio)
+    rows = []
+    for batch in tqdm(batch_sizes, desc="batch sizes", disable=not progress):
+        ids, mask = pair.encode_batch(batch_prompts(batch))
+        hugging_face = _hugging_face_batch(target, sampler, max_new_tokens)
+        methods = {"autoregressive": (0, lambda s: autoregressive_generate(target, ids, max_new_tokens, sampler, s,
+                                                                           attention_mask=mask)),
+                   "hf generate": (0, lambda s: hugging_face(ids, mask, s))}
+        for k in ks:
+            methods[f"speculative k={k}"] = (k, lambda s, k=k: speculative_generate(
+                target, draft, ids, max_new_tokens, k=k, sampler=sampler, seed=s, attention_mask=mask))
+        methods["batch-size policy"] = (policy.k_for(batch), lambda s: speculative_generate(
+            target, draft, ids, max_new_tokens, k=policy, sampler=sampler, seed=s, attention_mask=mask))
+        if batch == 1:
+            methods["batch-of-one loop, k=4"] = (4, lambda s: speculative_generate(
+                target, draft, ids, max_new_tokens, k=4, sampler=sampler, seed=s))
+        times, outputs = {name: [] for name in methods}, {}
+        for _, run in methods.values():
+            run(seed)  # untimed: lazy initialisation
+        for _ in range(repeats):
+            for name, (_, run) in methods.items():
+                started = _clock()
+                outputs[name] = _per_row(run(seed))
+                times[name].append(_clock() - started)
+        baseline = statistics.median(times["autoregressive"])
+        for name, (k, _) in methods.items():
+            (token_ids, generations), seconds = outputs[name], statistics.median(times[name])
+            alphas = [g.stats.acceptance_rate for g in generations if k and g.stats.acceptance_rate >= 0]
+            rows.append({"batch_size": batch, "method": name, "k": k,
+                         "tokens_per_second": sum(map(len, token_ids)) / seconds, "speedup_vs_ar": baseline / seconds,
+                         "tokens_per_call": statistics.fmean([g.stats.tokens_per_step for g in generations]) if k
+                         else 1.0, "acceptance_rate": statistics.fmean(alphas) if alphas else None,
+                         "predicted_speedup": batch_speedup(alpha, k, cost_ratio[batch], verify_ratio[batch][k])
+                         if k else 1.0, "same_tokens": token_ids == outputs["autoregressive"][0], "seconds": seconds})
+        if batch > 1:
+            rows.append({"batch_size": batch, "method": "hf assisted", "k": None,
+                         "refused": _assisted_refusal(target, draft, ids, mask)})
+    return {"machine": machine(), "pair": pair.name, "max_new_tokens": max_new_tokens, "repeats": repeats,
+            "temperature": sampler.temperature, "alpha": alpha, "policy": policy.k_by_batch,
+            "costs": {b: {"verify_ms": [1000 * t for t in verify[b]], "draft_ms": 1000 * drafting[b][0],
+                          "cost_ratio": cost_ratio[b], "verify_ratio": verify_ratio[b]} for b in batch_sizes},
+            "crossover": crossover(rows, 4), "rows": rows}
+
+
+def _per_row(output) -> tuple[list[list[int]], list]:
+    """Any method's output as (token ids per row, each row's `Generation`, if it has them)."""
+    if hasattr(output, "rows"):  # a BatchGeneration
+        return output.token_ids, output.rows
+    if isinstance(output, list):  # Hugging Face's tokens
+        return output, []
+    return [output.token_ids], [output]  # the batch-of-one loop
+
+
+def crossover(rows: list[dict], k: int) -> dict:
+    """The smallest batch size where speculative decoding at ``k`` stops paying (speedup below 1), measured and
+    predicted; None where it pays at every batch size measured."""
+    mine = [row for row in rows if row["method"] == f"speculative k={k}"]  # in increasing batch size
+    return {kind: next((row["batch_size"] for row in mine if row[key] < 1), None)
+            for kind, key in (("measured", "speedup_vs_ar"), ("predicted", "predicted_speedup"))}
+
+
+def report(results: dict) -> str:
+    """The batch suite's results as text: speedup over batched autoregressive decoding, a method per line and
+    a batch size per column, then the costs, the policy and the crossover."""
+    import pandas as pd
+
+    table = pd.DataFrame([row for row in results["rows"] if row.get("speedup_vs_ar") is not None])
+    lines = [table.pivot_table(index="method", columns="batch_size", values="speedup_vs_ar", sort=False)
+             .to_string(float_format=lambda x: f"{x:.2f}"),
+             f"speedup over batched autoregressive decoding; {results['machine']}, {results['max_new_tokens']} new "
+             f"tokens per row, {results['repeats']} repeats, temperature {results['temperature']}"]
+    for batch, cost in results["costs"].items():
+        ratios = ", ".join(f"{r:.2f}" for r in cost["verify_ratio"])
+        lines.append(f"batch {batch}: a target call on 1..{len(cost['verify_ratio'])} positions per row costs "
+                     f"{ratios} x one ({cost['verify_ms'][0]:.1f} ms); c = {cost['cost_ratio']:.3f}")
+    refusals = {row["refused"] for row in results["rows"] if row.get("refused")}
+    lines += [f"alpha = {results['alpha']:.3f}; batch-size policy {results['policy']}; K = 4 stops paying at batch "
+              f"size {results['crossover']['measured']} (measured), {results['crossover']['predicted']} (predicted)",
+              *(f"hf assisted at batch size > 1: {refusal}" for refusal in refusals)]
+    return "\n".join(lines)
