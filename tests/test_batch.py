@@ -275,3 +275,6 @@ def test_a_batch_of_one_keeps_its_api(pair):
     batched = speculative_generate(target, draft, prompt, 5, sampler=GREEDY, attention_mask=torch.ones_like(prompt))
     assert type(batched).__name__ == "BatchGeneration" and len(batched) == 1
     assert batched[0].token_ids == speculative_generate(target, draft, prompt, 5, sampler=GREEDY).token_ids
+    padded = speculative_generate(target, draft, torch.tensor([[0, 0, 1, 2, 3]]), 5, sampler=GREEDY,
+                                  attention_mask=torch.tensor([[0, 0, 1, 1, 1]]))  # the batch-of-one loop, unpadded
+    assert padded.token_ids == batched.token_ids and padded.stats.rows_per_call == 1

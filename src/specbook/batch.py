@@ -81,11 +81,14 @@ def verify_rows(drafts: torch.Tensor, lengths: list[int], draft_probs: torch.Ten
 
 @torch.inference_mode()
 def generate_batch(target, drafter, input_ids, max_new_tokens, k, sampler, seed=None, eos_token_id=None,
-                   tokenizer=None, attention_mask=None) -> BatchGeneration:
+                   tokenizer=None, attention_mask=None, alone=None) -> BatchGeneration:
     """Speculative decoding (``drafter`` a `Drafter` or draft model) or, with ``drafter`` None, autoregressive
     decoding of a (B, T) batch of left-padded prompts; ``k`` an int or a `DraftLength` policy (a copy per row).
-    Returns one `Generation` per row, in order."""
+    Returns one `Generation` per row, in order. ``alone(input_ids, seed)``, when given, decodes a batch of one
+    instead, its (1, T) prompt without padding: the batch-of-one loop, whose calls need no custom mask."""
     visible = check_batch(input_ids, attention_mask)  # (B, T)
+    if input_ids.shape[0] == 1 and alone is not None:
+        return BatchGeneration.of_one(alone(input_ids[:, visible[0].to(input_ids.device)], row_seeds(seed, 1)[0]))
     check_prompt(target, input_ids, max_new_tokens)
     started, batch = time.perf_counter(), input_ids.shape[0]
     generators = [make_generator(s, target.device) for s in row_seeds(seed, batch)]

@@ -92,8 +92,10 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
     it used. ``speedup_vs_ar`` is over batched autoregressive decoding at the same batch size;
     ``predicted_speedup`` is `specbook.theory.batch_speedup` with the measured alpha, c_B and r_B(K)."""
     target, draft = pair.target, pair.draft
-    verify = call_costs(target, batch_sizes, range(1, max(ks) + 2))
-    drafting = call_costs(draft, batch_sizes, [1])
+    prompts = pair.encode_batch(batch_prompts(max(batch_sizes)))[1]
+    context = round(float(prompts.sum(1).float().mean())) + max_new_tokens // 2  # a row's context, half-way through
+    verify = call_costs(target, batch_sizes, range(1, max(ks) + 2), context)
+    drafting = call_costs(draft, batch_sizes, [1], context)
     cost_ratio = {b: drafting[b][0] / verify[b][0] for b in batch_sizes}
     verify_ratio = {b: [t / verify[b][0] for t in verify[b]] for b in batch_sizes}
     ids, mask = pair.encode_batch(batch_prompts(min(batch_sizes)))
@@ -138,7 +140,7 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
             rows.append({"batch_size": batch, "method": "hf assisted", "k": None,
                          "refused": _assisted_refusal(target, draft, ids, mask)})
     return {"machine": machine(), "pair": pair.name, "max_new_tokens": max_new_tokens, "repeats": repeats,
-            "temperature": sampler.temperature, "alpha": alpha, "policy": policy.k_by_batch,
+            "temperature": sampler.temperature, "cost_context": context, "alpha": alpha, "policy": policy.k_by_batch,
             "costs": {b: {"verify_ms": [1000 * t for t in verify[b]], "draft_ms": 1000 * drafting[b][0],
                           "cost_ratio": cost_ratio[b], "verify_ratio": verify_ratio[b]} for b in batch_sizes},
             "crossover": crossover(rows, 4), "rows": rows}

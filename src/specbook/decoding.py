@@ -146,7 +146,8 @@ def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(),
     """
     if _batched(model, input_ids, attention_mask, decoder_input_ids, cache, compile):
         return generate_batch(model, None, input_ids, max_new_tokens, 0, sampler, seed, eos_token_id, tokenizer,
-                              attention_mask)
+                              attention_mask, lambda row, seed: autoregressive_generate(
+                                  model, row, max_new_tokens, sampler, seed, eos_token_id, tokenizer))
     model, input_ids, _ = _decoder(model, input_ids, attention_mask, decoder_input_ids)
     _check_inputs(model, input_ids, max_new_tokens, cache, compile)
     generator = make_generator(seed, model.device)
@@ -263,7 +264,8 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     """
     if _batched(target, input_ids, attention_mask, decoder_input_ids, cache, compile):
         return generate_batch(target, drafter, input_ids, max_new_tokens, k, sampler, seed, eos_token_id, tokenizer,
-                              attention_mask)
+                              attention_mask, lambda row, seed: speculative_generate(
+                                  target, drafter, row, max_new_tokens, k, sampler, seed, eos_token_id, tokenizer))
     encoder_inputs = input_ids, attention_mask
     target, input_ids, encoder_outputs = _decoder(target, input_ids, attention_mask, decoder_input_ids)
     _check_inputs(target, input_ids, max_new_tokens, cache, compile)

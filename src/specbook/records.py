@@ -77,6 +77,16 @@ class BatchGeneration:
     rows: list[Generation]
     stats: BatchStats
 
+    @classmethod
+    def of_one(cls, generation: Generation) -> "BatchGeneration":
+        """A batch of one, decoded by the batch-of-one loop."""
+        stats, steps = generation.stats, generation.steps
+        fed = sum(1 + len(step.drafted) for step in steps)
+        wasted = sum(len(step.drafted) - step.accepted for step in steps)
+        return cls([generation], BatchStats(stats.target_calls, stats.draft_calls, stats.seconds,
+                                            len(generation.token_ids), 1.0, stats.positions_per_call,
+                                            wasted / fed if fed else 0.0))
+
     def __len__(self) -> int:
         return len(self.rows)
 
