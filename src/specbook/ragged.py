@@ -85,21 +85,6 @@ class RaggedCache:
         rollback(self.cache, self.visible.shape[1] - length)
         self.visible = self.visible[:, :length]
 
-    def compact(self) -> None:
-        """Move every row's visible columns to the right end, in order, and drop the columns no row needs: the
-        hidden ones become left padding, the shortest there can be. One copy of the cache."""
-        width = int(self.visible.sum(1).max())
-        # A stable sort puts a row's hidden columns first, its visible ones after them, each in their order.
-        order = torch.sort(self.visible.to(torch.uint8), dim=1, stable=True).indices[:, -width:]  # (B, width)
-        self.visible = self.visible.gather(1, order)
-        index = order.to(self.device)[:, None, :, None]  # (B, 1, width, 1)
-        for layer in self.cache.layers:
-            if layer.is_initialized:
-                shape = (-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-                layer.keys = layer.keys.gather(2, index.expand(shape))
-                layer.values = layer.values.gather(2, index.expand(-1, layer.values.shape[1], -1,
-                                                                    layer.values.shape[-1]))
-
     def select(self, rows: list[int]) -> None:
         """Keep only ``rows`` of the batch (finished rows leave it), then crop the columns no row keeps."""
         self.cache.batch_select_indices(torch.tensor(rows, dtype=torch.long, device=self.device))
