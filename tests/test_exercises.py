@@ -706,6 +706,91 @@ WRONG.update({
     },
 })
 
+def _left_pad(rows, pad_id, side="left", inverted=False):
+    width = max(map(len, rows))
+    pads = [[pad_id] * (width - len(row)) for row in rows]
+    ids = [p + row if side == "left" else row + p for row, p in zip(rows, pads)]
+    mask = [[0] * len(p) + [1] * len(row) if side == "left" else [1] * len(row) + [0] * len(p)
+            for row, p in zip(rows, pads)]
+    return torch.tensor(ids), torch.tensor([[1 - x for x in row] for row in mask] if inverted else mask)
+
+
+def _row_positions(visible, shift=0):
+    positions = torch.zeros(visible.shape, dtype=torch.long)
+    for b, row in enumerate(visible.tolist()):
+        seen = 0
+        for j, shown in enumerate(row):
+            positions[b, j] = seen + shift
+            seen += shown
+    return positions
+
+
+def _accept_rows(drafts, lengths, target, shared=False, ignore_lengths=False):
+    accepted = []
+    for row, n in enumerate(lengths):
+        n = drafts.shape[1] if ignore_lengths else n
+        a = 0
+        while a < n and int(drafts[row, a]) == int(target[row, a]):
+            a += 1
+        accepted.append(a)
+    if shared:
+        accepted = [min(accepted)] * len(accepted)
+    return accepted, [int(target[row, a]) for row, a in enumerate(accepted)]
+
+
+def _batch_k(alpha, cost_ratio, ratios, with_ratio=True, allow_zero=True):
+    best, best_gain = 0, 1.0 if allow_zero else 0.0
+    for k in range(1, len(ratios)):
+        gain = sum(alpha ** i for i in range(k + 1)) / (cost_ratio * k + (ratios[k] if with_ratio else 1))
+        if gain > best_gain:
+            best, best_gain = k, gain
+    return best
+
+
+REFERENCES.update({
+    "left_pad": _left_pad,
+    "row_positions": _row_positions,
+    "accept_rows": _accept_rows,
+    "batch_k": _batch_k,
+})
+
+WRONG.update({
+    "left_pad": {
+        "padded on the right": lambda rows, pad: _left_pad(rows, pad, side="right"),
+        "the mask inverted": lambda rows, pad: _left_pad(rows, pad, inverted=True),
+    },
+    "row_positions": {
+        "the column numbers": lambda visible: torch.arange(visible.shape[1]).expand(visible.shape).clone(),
+        "counted from 1": lambda visible: _row_positions(visible, shift=1),
+    },
+    "accept_rows": {
+        "one count for every row": lambda *args: _accept_rows(*args, shared=True),
+        "the filler counted": lambda *args: _accept_rows(*args, ignore_lengths=True),
+    },
+    "batch_k": {
+        "chapter 3's K, the call free to widen": lambda *args: _batch_k(*args, with_ratio=False),
+        "never K = 0": lambda *args: _batch_k(*args, allow_zero=False),
+    },
+})
+
+CHAPTER_7_MESSAGES = [  # (checker, wrong answer, what its message must say)
+    ("left_pad", "padded on the right", "pads on the right"),
+    ("left_pad", "the mask inverted", "inverted"),
+    ("row_positions", "the column numbers", "column numbers"),
+    ("row_positions", "counted from 1", "off by one"),
+    ("accept_rows", "one count for every row", "its own run of matches"),
+    ("accept_rows", "the filler counted", "filler"),
+    ("batch_k", "chapter 3's K, the call free to widen", "chapter 3's best K"),
+    ("batch_k", "never K = 0", "should not speculate"),
+]
+
+
+@pytest.mark.parametrize("name, label, phrase", CHAPTER_7_MESSAGES, ids=[f"{n}: {w}" for n, w, _ in CHAPTER_7_MESSAGES])
+def test_messages_name_the_mistakes_of_chapter_7(name, label, phrase):
+    message = CHECKS[name].outcome(WRONG[name][label]).message
+    assert phrase in message, message
+
+
 CHAPTER_4B_MESSAGES = [  # (checker, wrong answer, what its message must say)
     ("greedy_seq2seq", "the encoder every step", "the encoder ran"),
     ("greedy_seq2seq", "the start token returned", "the start token is in the answer"),

@@ -14,7 +14,7 @@ Notation as everywhere in the book: q is the target distribution, p the draft's,
 length, alpha the acceptance rate, c the draft's cost per token relative to the target's.
 
 One module a kind of figure: `distributions`, `speedup`, `curves`, `trace`, `roofline`, `bars`,
-`draft_length` and `trees`, with the colours and input checks they share in `style` and the live
+`draft_length`, `trees` and `batch`, with the colours and input checks they share in `style` and the live
 charts' formulas in `expressions`. Every figure is imported here: ``from specbook.viz import area_plot``.
 """
 
@@ -29,6 +29,7 @@ from .roofline import roofline_plot
 from .bars import cost_split_plot, grouped_bars_plot
 from .draft_length import draft_length_plot
 from .trees import tree_mask_plot, tree_plot
+from .batch import batching_timeline_plot, ragged_cache_plot
 
 __all__ = [
     "COLORS",
@@ -38,6 +39,7 @@ __all__ = [
     "accepted_expression",
     "area_chart",
     "area_plot",
+    "batching_timeline_plot",
     "cost_split_plot",
     "curves_plot",
     "distributions_plot",
@@ -45,6 +47,7 @@ __all__ = [
     "grouped_bars_plot",
     "mix_expression",
     "optimal_k_plot",
+    "ragged_cache_plot",
     "rejected_expression",
     "render_trace",
     "residual_expression",
