@@ -278,3 +278,16 @@ def test_a_batch_of_one_keeps_its_api(pair):
     padded = speculative_generate(target, draft, torch.tensor([[0, 0, 1, 2, 3]]), 5, sampler=GREEDY,
                                   attention_mask=torch.tensor([[0, 0, 1, 1, 1]]))  # the batch-of-one loop, unpadded
     assert padded.token_ids == batched.token_ids and padded.stats.rows_per_call == 1
+
+
+def test_call_costs_and_the_crossover(pair):
+    from specbook.batch_bench import batch_prompts, call_costs, crossover
+    target, _ = pair
+    costs = call_costs(target, [1, 3], [1, 3], context=8, repeats=1)
+    assert set(costs) == {1, 3} and all(len(times) == 2 and min(times) > 0 for times in costs.values())
+    rows = [{"method": "speculative k=4", "batch_size": b, "speedup_vs_ar": s, "predicted_speedup": p}
+            for b, s, p in ((1, 1.5, 1.6), (8, 0.9, 1.1), (16, 0.8, 0.95))]
+    assert crossover(rows, 4) == {"measured": 8, "predicted": 16}
+    assert len(set(batch_prompts(32))) == 32
+    with pytest.raises(ValueError, match="count must be at most"):
+        batch_prompts(1000)
