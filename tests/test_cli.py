@@ -165,3 +165,24 @@ def test_generate_restores_a_passage_with_the_encoder_decoder_pair(capsys):
     main(["generate", "To be, or <mask> to be: that is the question:", "--pair", "shakespeare-seq2seq", "--k", "4"])
     out, err = capsys.readouterr()
     assert out.strip().endswith("<|endoftext|>") and "question" in out and "tokens per call" in err
+
+
+def test_the_batch_suite_writes_one_row_per_batch_size_and_method(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "batch.json"
+    main(["bench", "--suite", "batch", "--batch-sizes", "1,3", "--ks", "1,2", "--max-new-tokens", "6", "--repeats", "1",
+          "--json", str(out)])
+    results = json.loads(out.read_text())
+    rows = results["rows"]
+    timed = [(row["batch_size"], row["method"]) for row in rows if row.get("speedup_vs_ar") is not None]
+    assert timed == [(1, "autoregressive"), (1, "hf generate"), (1, "speculative k=1"), (1, "speculative k=2"),
+                     (1, "batch-size policy"), (1, "batch-of-one loop, k=2"), (3, "autoregressive"), (3, "hf generate"),
+                     (3, "speculative k=1"), (3, "speculative k=2"), (3, "batch-size policy")]
+    assert all(row["same_tokens"] for row in rows if row.get("speedup_vs_ar") is not None)
+    assert all({"batch_size", "method", "k", "tokens_per_second", "speedup_vs_ar", "tokens_per_call",
+                "same_tokens"} <= set(row) for row in rows)
+    assert [row["refused"] for row in rows if row["method"] == "hf assisted"] == [
+        "assisted generate is only supported for batch_size = 1"]
+    assert set(results["costs"]) == {"1", "3"} and results["policy"]["1"] in (0, 1, 2)
+    assert "speedup over batched autoregressive decoding" in capsys.readouterr().out

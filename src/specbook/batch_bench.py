@@ -115,9 +115,9 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
                 target, draft, ids, max_new_tokens, k=k, sampler=sampler, seed=s, attention_mask=mask))
         methods["batch-size policy"] = (policy.k_for(batch), lambda s: speculative_generate(
             target, draft, ids, max_new_tokens, k=policy, sampler=sampler, seed=s, attention_mask=mask))
-        if batch == 1:
-            methods["batch-of-one loop, k=4"] = (4, lambda s: speculative_generate(
-                target, draft, ids, max_new_tokens, k=4, sampler=sampler, seed=s))
+        if batch == 1:  # the loop a (1, T) prompt without a mask takes: a batch of one runs it too
+            methods[f"batch-of-one loop, k={max(ks)}"] = (max(ks), lambda s: speculative_generate(
+                target, draft, ids, max_new_tokens, k=max(ks), sampler=sampler, seed=s))
         times, outputs = {name: [] for name in methods}, {}
         for _, run in methods.values():
             run(seed)  # untimed: lazy initialisation
@@ -137,8 +137,8 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
                          "predicted_speedup": batch_speedup(alpha, k, cost_ratio[batch], verify_ratio[batch][k])
                          if k else 1.0, "same_tokens": token_ids == outputs["autoregressive"][0], "seconds": seconds})
         if batch > 1:
-            rows.append({"batch_size": batch, "method": "hf assisted", "k": None,
-                         "refused": _assisted_refusal(target, draft, ids, mask)})
+            rows.append({**dict.fromkeys(rows[-1]), "batch_size": batch, "method": "hf assisted",
+                         "refused": _assisted_refusal(target, draft, ids, mask)})  # no timing: it refuses
     return {"machine": machine(), "pair": pair.name, "max_new_tokens": max_new_tokens, "repeats": repeats,
             "temperature": sampler.temperature, "cost_context": context, "alpha": alpha, "policy": policy.k_by_batch,
             "costs": {b: {"verify_ms": [1000 * t for t in verify[b]], "draft_ms": 1000 * drafting[b][0],
