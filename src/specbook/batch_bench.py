@@ -28,6 +28,8 @@ from .policies import BatchSizeK
 from .ragged import RaggedCache
 from .theory import batch_speedup
 
+COST_ROUNDS = 15  # rounds of call_costs in the batch suite, at least
+
 
 def batch_prompts(count: int) -> list[str]:
     """``count`` prompts of different lengths for a batch: the built-in pair's held-out prompts, then the
@@ -94,8 +96,9 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
     target, draft = pair.target, pair.draft
     prompts = pair.encode_batch(batch_prompts(max(batch_sizes)))[1]
     context = round(float(prompts.sum(1).float().mean())) + max_new_tokens // 2  # a row's context, half-way through
-    verify = call_costs(target, batch_sizes, range(1, max(ks) + 2), context)
-    drafting = call_costs(draft, batch_sizes, [1], context)
+    rounds = max(repeats, COST_ROUNDS)  # a call is short: many rounds steady its median
+    verify = call_costs(target, batch_sizes, range(1, max(ks) + 2), context, rounds)
+    drafting = call_costs(draft, batch_sizes, [1], context, rounds)
     cost_ratio = {b: drafting[b][0] / verify[b][0] for b in batch_sizes}
     verify_ratio = {b: [t / verify[b][0] for t in verify[b]] for b in batch_sizes}
     ids, mask = pair.encode_batch(batch_prompts(min(batch_sizes)))
