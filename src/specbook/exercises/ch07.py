@@ -149,7 +149,7 @@ def _batch_k_cases() -> list[Case]:
                 (0.9, 0.02, [1, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06]), (0.5, 0.3, [1, 1.1, 1.2]),
                 (0.75, 0.1, [1, 1.6, 2.1, 2.7])]
     return [Case(f"alpha = {alpha}, cost_ratio = {c}, verify_ratio = {ratios}", (alpha, c, ratios),
-                 BatchSizeK.from_costs(alpha, {1: c}, {1: ratios}).k_by_batch[1]) for alpha, c, ratios in settings]
+                 BatchSizeK.from_costs(alpha, {1: c}, {1: ratios}, min_speedup=1).k_by_batch[1]) for alpha, c, ratios in settings]
 
 
 def _compare_batch_k(got, case: Case) -> str | None:
