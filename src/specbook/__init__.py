@@ -19,7 +19,8 @@ from .theory import expected_tokens_per_step, optimal_k, speedup
 from .trees import DynamicTree, TreeSpec, tree_attention_mask, tree_positions, verify_tree, verify_tree_greedy
 
 __all__ = [
-    "BatchGeneration", "BatchSizeK", "BatchStats", "ConfidenceStop", "Draft", "DraftLength", "Drafter", "DynamicTree", "EagleDrafter", "EagleHead",
+    "BatchGeneration", "BatchSizeK", "BatchStats", "ConfidenceStop", "Draft", "DraftLength", "Drafter", "DynamicTree",
+    "EagleDrafter", "EagleHead",
     "EntropyGuidedK", "ExitHead", "FixedK", "Generation", "HeuristicK", "LookaheadDrafter", "MedusaDrafter",
     "MedusaHeads", "ModelDrafter", "ModelPair", "NGramDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "Sampler",
     "SelfSpeculativeDrafter", "Stats", "Step", "TopKTreeDrafter", "TreeSpec", "acceptance_rate",

@@ -153,8 +153,8 @@ def generate_batch(target, drafter, input_ids, max_new_tokens, k, sampler, seed=
         pending_visible = torch.ones(len(keep), 1, dtype=torch.bool)
     generations = [_generation(tokens[row], steps[row], finished[row], row_draft_calls[row], drafter is not None,
                                eos_token_id, tokenizer) for row in range(batch)]
-    stats = BatchStats(target_calls=calls, draft_calls=getattr(drafter, "calls", 0), seconds=time.perf_counter() - started,
-                       new_tokens=sum(len(row.token_ids) for row in generations), rows_per_call=rows_fed / calls,
+    stats = BatchStats(target_calls=calls, draft_calls=getattr(drafter, "calls", 0),
+                       seconds=time.perf_counter() - started, new_tokens=sum(len(row.token_ids) for row in generations), rows_per_call=rows_fed / calls,
                        positions_per_call=fed / max(rows_fed - batch, 1), wasted=wasted / fed if fed else 0.0)
     return BatchGeneration(generations, stats)
 
