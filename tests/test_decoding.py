@@ -3,14 +3,14 @@ import copy
 import pytest
 import torch
 
-import specbook.decoding
+import specbook.batch
 import specbook.rejection
 from specbook.decoding import autoregressive_generate, speculative_generate
 from specbook.drafters import ModelDrafter
 from specbook.rejection import verify_chain
 from specbook.sampling import Sampler
 
-from support import SAMPLERS, chi_square_p_value, tiny_model
+from support import BATCH, SAMPLERS, chi_square_p_value, tiny_model
 
 PROMPT = torch.tensor([[3, 14, 15, 9, 2, 6, 5]])
 
@@ -91,11 +91,11 @@ def test_sampled_output_follows_the_target_in_half_precision(tiny_pair, dtype, m
         seen.append((draft_probs.dtype, target_probs.dtype))
         return verify_chain(draft_tokens, draft_probs, target_probs, *args, **kwargs)
 
-    monkeypatch.setattr(specbook.decoding, "verify_chain", spy)
-    assert chi_square_p_value(*half, SAMPLERS[1]) > 1e-3
+    monkeypatch.setattr(specbook.batch, "verify_chain", spy)
+    assert chi_square_p_value(*half, SAMPLERS[1], batch=BATCH) > 1e-3
     assert set(seen) == {(torch.float32, torch.float32)}
     monkeypatch.setattr(specbook.rejection, "residual_distribution", lambda target_probs, draft_probs, **_: target_probs)
-    assert chi_square_p_value(*half, SAMPLERS[0]) < 1e-6  # and a broken verifier is still caught
+    assert chi_square_p_value(*half, SAMPLERS[0], batch=BATCH) < 1e-6  # and a broken verifier is still caught
 
 
 def test_chi_square_catches_a_broken_verifier(tiny_pair, monkeypatch):

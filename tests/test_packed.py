@@ -11,7 +11,7 @@ from specbook.models import weight_bytes
 from specbook.packed import PackedLinear, can_pack, pack_linears
 
 from families import FAMILIES, VOCAB, hf_greedy, tiny_family_model
-from support import chi_square_p_value, tiny_model
+from support import BATCH, chi_square_p_value, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
 PROMPT = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
@@ -38,7 +38,7 @@ def test_a_packed_model_is_the_same_model_and_decodes_exactly(family):
 
 def test_sampling_with_a_packed_target_follows_the_target(tiny_pair):
     target, draft = tiny_pair
-    assert chi_square_p_value(pack_linears(copy.deepcopy(target)), draft, Sampler(1.0)) > 1e-3
+    assert chi_square_p_value(pack_linears(copy.deepcopy(target)), draft, Sampler(1.0), batch=BATCH) > 1e-3
 
 
 def test_packing_refuses_what_it_cannot_pack():

@@ -10,7 +10,7 @@ from specbook.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
 from specbook.policies import ConfidenceStop, EntropyGuidedK, FixedK, HeuristicK
 from specbook.sampling import Sampler
 
-from support import SAMPLERS, chi_square_p_value, tiny_model
+from support import BATCH, SAMPLERS, chi_square_p_value, tiny_model
 
 PROMPT = torch.tensor([[3, 14, 15, 9, 2, 6, 5]])
 
@@ -65,7 +65,7 @@ def test_greedy_speculative_equals_autoregressive(target, draft, name, drafter):
 def test_sampled_output_follows_the_target(tiny_pair, make):
     """A policy that reads the draft's confidence only decides how much to draft: the output still follows q."""
     target, draft = tiny_pair
-    assert chi_square_p_value(target, ModelDrafter(draft), SAMPLERS[0], k=make()) > 1e-3
+    assert chi_square_p_value(target, ModelDrafter(draft), SAMPLERS[0], k=make(), batch=BATCH) > 1e-3
 
 
 # --- the rules
