@@ -30,12 +30,12 @@ import time
 
 import torch
 
-from .drafters import as_drafter
+from .drafters import Draft, as_drafter
 from .drafters.rows import for_batch
 from .models import check_prompt, vocab_size
 from .policies import DraftLength, as_policy
 from .ragged import RaggedCache, check_batch
-from .records import BatchGeneration, BatchStats, Generation, Stats, Step, finish
+from .records import BatchGeneration, BatchStats, Generation, Step, finish, step_stats
 from .rejection import verify_chain
 from .sampling import make_generator
 
@@ -65,13 +65,12 @@ def verify_rows(drafts: torch.Tensor, lengths: list[int], draft_probs: torch.Ten
         next_tokens = target_tokens.gather(1, accepted[:, None])[:, 0]  # (B,)
         return accepted.tolist(), next_tokens.tolist()
     accepted, next_tokens = [], []
-    vocab = logits.shape[-1]
     for row, (n, generator) in enumerate(zip(lengths, generators)):
         target_probs = sampler.probs(logits[row, : n + 1])  # (n + 1, vocab)
         if n:
-            p = (torch.nn.functional.pad(draft_probs[row, :n], (0, vocab - draft_probs.shape[-1]))
-                 if draft_probs is not None else torch.nn.functional.one_hot(drafts[row, :n], vocab).float())
-            a, token, _ = verify_chain(drafts[row, :n], p, target_probs, generator, validate=False)
+            draft = Draft(drafts[row, :n], draft_probs[row, :n] if draft_probs is not None else None)
+            a, token, _ = verify_chain(draft.tokens, draft.over(logits.shape[-1]), target_probs, generator,
+                                       validate=False)
         else:
             a, token = 0, int(sampler.sample(target_probs[0], generator))
         accepted.append(a)
@@ -154,8 +153,8 @@ def generate_batch(target, drafter, input_ids, max_new_tokens, k, sampler, seed=
     generations = [_generation(tokens[row], steps[row], finished[row], row_draft_calls[row], drafter is not None,
                                eos_token_id, tokenizer) for row in range(batch)]
     stats = BatchStats(target_calls=calls, draft_calls=getattr(drafter, "calls", 0),
-                       seconds=time.perf_counter() - started, new_tokens=sum(len(row.token_ids) for row in generations), rows_per_call=rows_fed / calls,
-                       positions_per_call=fed / max(rows_fed - batch, 1), wasted=wasted / fed if fed else 0.0)
+                       seconds=time.perf_counter() - started, new_tokens=sum(len(row.token_ids) for row in generations),
+                       rows_per_call=rows_fed / calls, positions_per_call=fed / max(rows_fed - batch, 1), wasted=wasted / fed if fed else 0.0)
     return BatchGeneration(generations, stats)
 
 
@@ -169,10 +168,4 @@ class _Plain(DraftLength):
 def _generation(token_ids, steps, seconds, draft_calls, speculative, eos_token_id, tokenizer) -> Generation:
     """One row's record, in the terms of a batch-of-one `Generation` (``seconds``: until the row finished)."""
     token_ids, text = finish(token_ids, eos_token_id, tokenizer)
-    accepted = sum(step.accepted for step in steps)
-    rejected = sum(step.accepted < len(step.drafted) for step in steps)
-    stats = Stats(target_calls=len(steps), draft_calls=draft_calls,
-                  acceptance_rate=accepted / (accepted + rejected) if accepted + rejected else float("nan"),
-                  tokens_per_step=len(token_ids) / len(steps), seconds=seconds,
-                  positions_per_call=sum(1 + len(step.drafted) for step in steps) / len(steps))
-    return Generation(token_ids, stats, steps if speculative else [], text)
+    return Generation(token_ids, step_stats(token_ids, steps, draft_calls, seconds), steps if speculative else [], text)

@@ -21,7 +21,7 @@ import statistics
 import torch
 from tqdm.auto import tqdm
 
-from .bench import INPUT_GROUNDED, OPEN_ENDED, REPETITIVE, _clock, machine
+from .bench import INPUT_GROUNDED, OPEN_ENDED, REPETITIVE, _clock, generate_options, machine
 from .decoding import autoregressive_generate, speculative_generate
 from .models import assets_dir
 from .policies import BatchSizeK
@@ -67,10 +67,7 @@ def call_costs(model, batch_sizes, positions, context: int = 64, repeats: int = 
 
 
 def _hugging_face_batch(target, sampler, max_new_tokens):
-    options = dict(do_sample=not sampler.greedy, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                   pad_token_id=target.config.eos_token_id, repetition_penalty=1.0)
-    if not sampler.greedy:
-        options.update(temperature=sampler.temperature, top_k=sampler.top_k or 0, top_p=sampler.top_p or 1.0)
+    options = dict(generate_options(target, sampler, max_new_tokens), min_new_tokens=max_new_tokens)
 
     def run(input_ids, attention_mask, seed):
         torch.manual_seed(seed)

@@ -18,6 +18,7 @@ from .decoding import autoregressive_generate, speculative_generate
 from .drafters import ModelDrafter
 from .drafters.medusa import DEFAULT_TREE
 from .models import weight_bytes
+from .records import acceptance_rate
 from .sampling import Sampler
 from .trees import TreeSpec
 
@@ -81,6 +82,17 @@ def speculative(target, drafter, k, sampler, max_new_tokens, name=None, **path):
     return Method(label, run, k if isinstance(k, int) else None, weight_bytes(target))
 
 
+def generate_options(target, sampler, max_new_tokens, eos_token_id=None) -> dict:
+    """Keyword arguments that make Hugging Face's ``generate`` decode as ``sampler`` does: the same warp, no
+    repetition penalty, and an early stop only at ``eos_token_id`` (None: never), whatever the generation config
+    says, so that its outputs have the length of the other methods'."""
+    options = dict(do_sample=not sampler.greedy, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                   pad_token_id=target.config.eos_token_id, repetition_penalty=1.0)
+    if not sampler.greedy:
+        options.update(temperature=sampler.temperature, top_k=sampler.top_k or 0, top_p=sampler.top_p or 1.0)
+    return options
+
+
 def hugging_face_assisted(target, draft, sampler, max_new_tokens, k=None, eos_token_id=None):
     """``target.generate(assistant_model=draft)``: its own schedule when k is None, else exactly k drafts a step.
 
@@ -94,10 +106,7 @@ def hugging_face_assisted(target, draft, sampler, max_new_tokens, k=None, eos_to
     from transformers import GenerationConfig
     from transformers.utils import logging
 
-    options = dict(do_sample=not sampler.greedy, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                   pad_token_id=target.config.eos_token_id, repetition_penalty=1.0)
-    if not sampler.greedy:
-        options.update(temperature=sampler.temperature, top_k=sampler.top_k or 0, top_p=sampler.top_p or 1.0)
+    options = generate_options(target, sampler, max_new_tokens, eos_token_id)
     assistant = dict(num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
                      assistant_confidence_threshold=0.0) if k is not None else {}
     config = GenerationConfig(**options, **assistant)
@@ -348,10 +357,8 @@ def acceptance(target, drafter, prompts: list[torch.Tensor], new_tokens: int = 6
     runs = [speculative_generate(target, drafter, prompt, new_tokens, k=k, sampler=Sampler(0),
                                  eos_token_id=eos_token_id) for prompt in prompts]
     steps = [step for run in runs for step in run.steps]
-    accepted = sum(step.accepted for step in steps)
-    rejected = sum(step.accepted < len(step.drafted) for step in steps)
     return {"tokens_per_step": sum(len(run.token_ids) for run in runs) / len(steps),
-            "acceptance_rate": accepted / (accepted + rejected) if accepted + rejected else float("nan")}
+            "acceptance_rate": acceptance_rate(steps)}
 
 
 @torch.inference_mode()

@@ -50,7 +50,7 @@ from .compiled import compiled
 from .drafters import as_drafter
 from .models import check_prompt, vocab_size
 from .policies import DraftLength, as_policy
-from .records import BatchGeneration, Generation, Stats, Step, finish
+from .records import BatchGeneration, Generation, Stats, Step, finish, step_stats
 from .rejection import verify_chain, verify_chain_greedy
 from .sampling import Sampler, make_generator
 from .seq2seq import EncoderDecoderView, check_encoder_inputs, decoder_start, encode, is_encoder_decoder
@@ -308,15 +308,5 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
         token_ids += step.drafted[: step.accepted] + [step.next_token]
         pending = [step.next_token]
     token_ids, text = finish(token_ids, eos_token_id, tokenizer)
-    accepted = sum(step.accepted for step in steps)
-    rejected = sum(step.accepted < len(step.drafted) for step in steps)
-    stats = Stats(
-        target_calls=len(steps),
-        draft_calls=getattr(drafter, "calls", 0),
-        acceptance_rate=accepted / (accepted + rejected) if accepted + rejected else float("nan"),
-        tokens_per_step=len(token_ids) / len(steps),
-        seconds=time.perf_counter() - started,
-        positions_per_call=sum(1 + (step.tree_nodes or len(step.drafted)) + step.side_nodes
-                               for step in steps) / len(steps),
-    )
+    stats = step_stats(token_ids, steps, getattr(drafter, "calls", 0), time.perf_counter() - started)
     return Generation(token_ids, stats, steps, text)

@@ -47,6 +47,22 @@ class Generation:
     text: str | None = None
 
 
+def acceptance_rate(steps: list[Step]) -> float:
+    """alpha from a log of steps: accepted drafts over accepted plus rejected ones (a step rejects at most one;
+    NaN when nothing was drafted). For trees, the chance that some candidate at the current node passed."""
+    accepted = sum(step.accepted for step in steps)
+    rejected = sum(step.accepted < len(step.drafted) for step in steps)
+    return accepted / (accepted + rejected) if accepted + rejected else float("nan")
+
+
+def step_stats(token_ids: list[int], steps: list[Step], draft_calls: int, seconds: float) -> Stats:
+    """A speculative generation's `Stats` from the tokens it kept and its steps, one per target call."""
+    return Stats(target_calls=len(steps), draft_calls=draft_calls, acceptance_rate=acceptance_rate(steps),
+                 tokens_per_step=len(token_ids) / len(steps), seconds=seconds,
+                 positions_per_call=sum(1 + (step.tree_nodes or len(step.drafted)) + step.side_nodes
+                                        for step in steps) / len(steps))
+
+
 def finish(token_ids: list[int], eos_token_id: int | None, tokenizer=None) -> tuple[list[int], str | None]:
     """Cut after the first end-of-sequence token; decode when a tokenizer is known."""
     if eos_token_id is not None and eos_token_id in token_ids:
@@ -64,10 +80,6 @@ class BatchStats:
     positions_per_call: float  # positions a target call fed per row after the prompt: the pending token, the
     # longest row's drafts; shorter rows are padded up to it
     wasted: float  # the share of those positions that committed nothing: padding and rejected drafts
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds
 
 
 @dataclass
@@ -99,7 +111,3 @@ class BatchGeneration:
     @property
     def token_ids(self) -> list[list[int]]:
         return [row.token_ids for row in self.rows]
-
-    @property
-    def texts(self) -> list[str | None]:
-        return [row.text for row in self.rows]

@@ -44,10 +44,16 @@ def _as_table(got, what: str) -> list[list[int]]:
     return [_as_token_list(row, what) for row in got]
 
 
-def _compare_left_pad(got, case: Case) -> str | None:
+def _as_pair(got, names: str) -> tuple:
+    """The learner's two answers, or _Wrong naming them (``names``: "first, second")."""
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise _Wrong(f"expected a pair (input_ids, attention_mask), got {_type_name(got)}.")
-    ids, mask = _as_table(got[0], "input_ids"), _as_table(got[1], "attention_mask")
+        raise _Wrong(f"expected a pair ({names}), got {_type_name(got)}.")
+    return tuple(got)
+
+
+def _compare_left_pad(got, case: Case) -> str | None:
+    ids, mask = _as_pair(got, "input_ids, attention_mask")
+    ids, mask = _as_table(ids, "input_ids"), _as_table(mask, "attention_mask")
     expected_ids, expected_mask = case.expected
     if ids == expected_ids and mask == expected_mask:
         return None
@@ -122,9 +128,8 @@ def _accept_rows_cases() -> list[Case]:
 
 
 def _compare_accept_rows(got, case: Case) -> str | None:
-    if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise _Wrong(f"expected a pair (accepted, next_tokens), got {_type_name(got)}.")
-    accepted, next_tokens = _as_token_list(got[0], "accepted counts"), _as_token_list(got[1], "next tokens")
+    accepted, next_tokens = _as_pair(got, "accepted, next_tokens")
+    accepted, next_tokens = _as_token_list(accepted, "accepted counts"), _as_token_list(next_tokens, "next tokens")
     expected_accepted, expected_next = case.expected
     if accepted == expected_accepted and next_tokens == expected_next:
         return None
