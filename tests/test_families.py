@@ -2,7 +2,7 @@
 
 For each family of `families` (tiny random models from Hugging Face configs), greedy decoding by
 every method equals the target's own ``generate(do_sample=False)`` token for token: autoregressive
-decoding, a draft model's chain, a draft model's token tree, prompt lookup, lookahead decoding, the static cache,
+decoding, a draft model's chain, a draft model's token tree, prompt lookup, lookahead decoding, the static cache (and its calls replayed as graphs),
 EAGLE and Medusa heads freshly initialised on the target (exactness does not need trained heads).
 The sliding-window families have a window of 8: prompts of 5 tokens (the window is crossed while
 generating) and of 26 (longer than the window to begin with). Every draft model's embedding is
@@ -12,6 +12,7 @@ padded with 32 unused rows, as real pairs that share a tokenizer often are.
 import pytest
 import torch
 
+import specbook.graphs
 from specbook import DynamicTree, Sampler, autoregressive_generate, speculative_generate
 from specbook.cache import attention_windows
 from specbook.drafters import EagleDrafter, LookaheadDrafter, MedusaDrafter, PromptLookupDrafter, TopKTreeDrafter
@@ -25,6 +26,17 @@ _random = torch.Generator().manual_seed(0)
 _long = torch.randint(3, VOCAB, (1, 20), generator=_random)
 PROMPTS = {"short": torch.randint(3, VOCAB, (1, 5), generator=_random),
            "long": torch.cat([_long, _long[:, :6]], 1)}  # 26 tokens, ending in a repeat for prompt lookup
+
+
+def _graphs(method):
+    """``method`` with the static cache's calls recorded and replayed as CUDA graphs are (on the CPU too)."""
+    def replayed(*args):
+        specbook.graphs.CAPTURE_ON_CPU = True
+        try:
+            return method(*args)
+        finally:
+            specbook.graphs.CAPTURE_ON_CPU = False
+    return replayed
 
 
 def _methods():
@@ -41,6 +53,8 @@ def _methods():
                                                                          **greedy).token_ids,
         "static_chain": lambda t, d, x: speculative_generate(t, d, x, NEW_TOKENS, k=3, cache="static",
                                                              **greedy).token_ids,
+        "graphs_chain": _graphs(lambda t, d, x: speculative_generate(t, d, x, NEW_TOKENS, k=3, cache="static",
+                                                                     **greedy).token_ids),
         "eagle_chain": lambda t, d, x: speculative_generate(t, EagleDrafter(t, EagleHead(t.config)), x, NEW_TOKENS,
                                                             k=3, **greedy).token_ids,
         "eagle_tree": lambda t, d, x: speculative_generate(t, EagleDrafter(t, EagleHead(t.config), tree=(2, 2)), x,

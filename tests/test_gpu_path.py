@@ -7,11 +7,14 @@ checks (no host-device sync while drafting, half precision) skip without CUDA.
 import pytest
 import torch
 
-import specbook.compiled
+import specbook.graphs
+from specbook import decoding
 from specbook.cache import new_cache, rollback
-from specbook.decoding import autoregressive_generate, speculative_generate
+from specbook.decoding import STATIC_BLOCK, autoregressive_generate, gpu_path, speculative_generate
 from specbook.drafters import EagleDrafter, ModelDrafter, NGramDrafter, TopKTreeDrafter
+from specbook.graphs import static_model
 from specbook.heads import EagleHead
+from specbook.profile import host_profile, host_reads
 from specbook.sampling import Sampler
 
 from support import SAMPLERS, chi_square_p_value, tiny_model
@@ -32,10 +35,16 @@ def models(device):
 
 
 @pytest.fixture
+def replayed(monkeypatch):
+    """The static cache's calls recorded and replayed as CUDA graphs are, on the CPU too (on a GPU they are)."""
+    monkeypatch.setattr(specbook.graphs, "CAPTURE_ON_CPU", True)
+
+
+@pytest.fixture
 def eager_compile(monkeypatch):
     """Trace and functionalise the decode steps as torch.compile does, without Inductor's minute of C++ building."""
-    monkeypatch.setattr(specbook.compiled, "OPTIONS", specbook.compiled.OPTIONS | {"backend": "aot_eager"})
-    monkeypatch.setattr(specbook.compiled, "_COMPILED", {})
+    monkeypatch.setattr(specbook.graphs, "OPTIONS", specbook.graphs.OPTIONS | {"backend": "aot_eager"})
+    monkeypatch.setattr(specbook.graphs, "_COMPILED", {})
 
 
 def prompt_on(device):
@@ -136,8 +145,8 @@ def test_prompts_of_different_lengths_share_the_compiled_steps(models, device, m
         graphs.append(graph)
         return graph.forward
 
-    monkeypatch.setattr(specbook.compiled, "OPTIONS", specbook.compiled.OPTIONS | {"backend": counting_backend})
-    monkeypatch.setattr(specbook.compiled, "_COMPILED", {})
+    monkeypatch.setattr(specbook.graphs, "OPTIONS", specbook.graphs.OPTIONS | {"backend": counting_backend})
+    monkeypatch.setattr(specbook.graphs, "_COMPILED", {})
     target, draft = models
     prompts = [torch.tensor([prompt], device=device) for prompt in (PROMPT, PROMPT[:3], PROMPT * 3)]
     for ids in prompts:
@@ -201,6 +210,124 @@ def test_gpu_benchmark_writes_a_complete_results_file(models, device, tmp_path):
     assert all(row["same_tokens_as_ar"] for row in greedy)  # lossless, and Hugging Face agrees
     assert all(row["bandwidth_gb_s"] > 0 for row in greedy)
     assert all(row["speedup_vs_hf"] > 0 for row in greedy if row["method"].startswith("speculative"))
+    for row in greedy:  # the spread of the rounds, in order (one round here: a point)
+        for key in ("ms_per_token", "speedup_vs_ar") + (("speedup_vs_hf",) if row["speedup_vs_hf"] else ()):
+            assert row[f"{key}_min"] <= row[key] <= row[f"{key}_max"], key
+    for best in results["best"].values():
+        assert best["speedup_vs_ar_min"] <= best["speedup_vs_ar"] <= best["speedup_vs_ar_max"]
+        assert set(best["tied_ks"]) <= {1, 3} - {best["k"]} and best["distinguishable"] is False  # one round
+        assert best["fastest_hf"] not in best["fastest_hf_tied"]
     write_results(results, tmp_path / "gpu.json")
     assert read_results(tmp_path / "gpu.json") == results
     assert read_results(tmp_path / "missing.json") is None
+
+
+def test_graphs_replay_what_the_model_computes(models, device, replayed):
+    """Every decode call a replayed graph: greedy equal to autoregressive decoding, the prompt's length
+    whatever it is, K changing from one generation to the next."""
+    target, draft = models
+    for prompt in (prompt_on(device), prompt_on(device)[:, :1]):
+        reference = autoregressive_generate(target, prompt, 30, Sampler(0)).token_ids
+        assert autoregressive_generate(target, prompt, 30, Sampler(0), cache="static").token_ids == reference
+        for k in (3, 1, 5):
+            result = speculative_generate(target, draft, prompt, 30, k=k, sampler=Sampler(0), cache="static")
+            assert result.token_ids == reference, k
+
+
+def test_replayed_sampled_output_follows_the_target(tiny_pair, device, replayed):
+    pair = [model.to(device) for model in tiny_pair]
+    assert chi_square_p_value(*pair, SAMPLERS[0], samples=600, cache="static") > 1e-3
+
+
+def test_a_static_cache_and_its_graphs_outlive_a_generation(models, device, replayed):
+    """The next generation empties the same cache in place and replays the graphs the first one captured:
+    their addresses stay valid."""
+    target, draft = models
+    first = speculative_generate(target, draft, prompt_on(device), 20, k=3, sampler=Sampler(0), cache="static")
+    runner = static_model(target, STATIC_BLOCK, "target")
+    keys, graphs = runner.cache.layers[0].keys, dict(runner.graphs)
+    again = speculative_generate(target, draft, prompt_on(device), 20, k=3, sampler=Sampler(0), cache="static")
+    assert again.token_ids == first.token_ids
+    assert runner.cache.layers[0].keys is keys and runner.graphs == graphs and len(graphs) >= 2
+
+
+def _reads_per_step(target, draft, device, sampler, **path):
+    """Conversions of tensors to Python values per extra step: a long and a short generation, the
+    difference over the difference in steps (what a generation does once, such as checking the prompt's
+    token ids, cancels out)."""
+    counts = []
+    for new_tokens in (10, 40):
+        with host_reads() as reads:
+            generation = speculative_generate(target, draft, prompt_on(device), new_tokens, k=3, sampler=sampler,
+                                              seed=0, **path)
+        counts.append((sum(reads.values()), len(generation.steps)))
+    (short, short_steps), (long, long_steps) = counts
+    assert long_steps > short_steps
+    return (long - short) / (long_steps - short_steps)
+
+
+@pytest.mark.parametrize("sampler", [Sampler(0), Sampler(1.0)], ids=["greedy", "sampled"])
+def test_one_host_sync_per_speculative_step(models, device, sampler, eager_compile):
+    """The engine reads the device once a step: the number accepted, the next token and the drafts in one
+    copy (the compiled steps keep Hugging Face's own mask code, which reads its cache's length, out of it)."""
+    target, draft = models
+    assert _reads_per_step(target, draft, device, sampler, cache="static", compile=True) <= 1
+
+
+def test_a_host_sync_in_the_loop_is_caught(models, device, eager_compile, monkeypatch):
+    """The count catches one more read per step (here: the drafts read again when logging a step)."""
+    target, draft = models
+    original = decoding._chain_step
+
+    def chatty(target, cache, pending, draft, *args):
+        if draft is not None:
+            draft.tokens.tolist()
+        return original(target, cache, pending, draft, *args)
+
+    monkeypatch.setattr(decoding, "_chain_step", chatty)
+    assert _reads_per_step(target, draft, device, Sampler(0), cache="static", compile=True) > 1
+
+
+@CUDA
+@pytest.mark.parametrize("sampler", [Sampler(0), Sampler(1.0)], ids=["greedy", "sampled"])
+def test_the_gpu_waits_once_per_step(sampler):
+    """On a GPU, torch's sync debug mode counts every wait for the device, torch's own included."""
+    import warnings
+
+    target, draft = tiny_model(seed=0).cuda(), tiny_model(hidden_size=16, num_layers=1, seed=1).cuda()
+    counts = []
+    for new_tokens in (10, 40):
+        speculative_generate(target, draft, prompt_on("cuda"), new_tokens, k=3, sampler=sampler, seed=0)  # capture
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                generation = speculative_generate(target, draft, prompt_on("cuda"), new_tokens, k=3,
+                                                  sampler=sampler, seed=0)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts.append((sum("synchroniz" in str(w.message) for w in caught), len(generation.steps)))
+    (short, short_steps), (long, long_steps) = counts
+    assert (long - short) / (long_steps - short_steps) <= 1
+
+
+def test_the_host_profile_counts_calls_operators_and_syncs(models, device, eager_compile):
+    target, draft = models
+    eager = host_profile(target, draft, prompt_on(device), k=3, max_new_tokens=20, cache="dynamic")
+    compiled = host_profile(target, draft, prompt_on(device), k=3, max_new_tokens=20, cache="static", compile=True)
+    for profile in (eager, compiled):
+        assert profile["steps"] > 0 and profile["draft_calls"] > 0
+        assert profile["target_host_us_per_call"] > 0 and profile["draft_host_us_per_call"] > 0
+        assert profile["operators_per_step_outside_calls"] > 0
+    assert eager["operators_per_target_call"] > 50 and compiled["operators_per_target_call"] is None
+    assert compiled["syncs_per_step"] <= 1 + 8 / compiled["steps"]  # + once a generation: the prompt checked, read
+
+
+def test_the_default_path_follows_the_device(models, device):
+    """cache=None: the static cache (its calls replayed as graphs) on a GPU, the dynamic cache on a CPU."""
+    target, _ = models
+    assert gpu_path(target) == (("static", False) if device.type == "cuda" else ("dynamic", False))
+    assert gpu_path(target, "dynamic") == ("dynamic", False)
+    with pytest.raises(ValueError, match="compile=True needs cache='static'"):
+        gpu_path(target, "dynamic", True)

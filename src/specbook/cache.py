@@ -10,7 +10,7 @@ forget the ones the target rejected. Rolling back never recomputes the prefix. T
   pointer back: nothing is copied, and the next tokens overwrite the forgotten ones. Keys beyond
   a query's position are hidden by the causal mask, so what lies past the pointer is never read.
   Fixed shapes and a pointer on the device are what lets a decode step be replayed as a CUDA graph
-  (`specbook.compiled`).
+  (`specbook.graphs`).
 
 Tree verification (`specbook.trees`) feeds every branch of a token tree at once; afterwards the
 cache keeps the prefix and the accepted path only (`keep_positions`, dynamic caches).

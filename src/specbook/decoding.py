@@ -33,11 +33,12 @@ The target's distribution is never cut: q spans the target's whole vocabulary. A
 whose embedding has fewer rows (real pairs pad their embedding matrices to different multiples)
 reports a p that is zero on the rows it lacks, which the accept rule handles like any other p.
 
-The same loops are the GPU path. ``cache="static"`` pre-allocates both models' KV caches for the
-whole generation and rolls back by moving a length pointer on the device (`specbook.cache`);
-``compile=True`` adds compiled decode steps, replayed as CUDA graphs on a GPU
-(`specbook.compiled`). Drafts stay on the device, and a chain's accept/reject decision is one
-vectorised step (`verify_chain`), so the host waits for the device once per target call.
+The same loops are the GPU path, the default on a GPU. ``cache="static"`` pre-allocates both models'
+KV caches, keeps them between generations and rolls back by moving a length pointer on the device
+(`specbook.cache`); on a GPU every decode call is then one replayed CUDA graph (`specbook.graphs`), and
+``compile=True`` fuses the kernels inside it. Drafts stay on the device, a chain's accept/reject
+decision is made there (`chain_outcome`), and the next pending token is fed from there: the host waits
+for the device once per step, to read the number accepted, the next token and the drafts in one copy.
 """
 
 import time
@@ -46,15 +47,26 @@ import torch
 
 from .batch import generate_batch
 from .cache import check_cache_options, is_static, keep_positions, new_cache, rollback
-from .compiled import compiled
 from .drafters import as_drafter
 from .models import check_prompt, vocab_size
 from .policies import DraftLength, as_policy
 from .records import BatchGeneration, Generation, Stats, Step, finish, step_stats
-from .rejection import verify_chain, verify_chain_greedy
+from .graphs import StaticModel, static_model
+from .rejection import chain_outcome, chain_outcome_greedy
 from .sampling import Sampler, make_generator
 from .seq2seq import EncoderDecoderView, check_encoder_inputs, decoder_start, encode, is_encoder_decoder
 from .trees import tree_model_inputs, tree_positions, verify_tree
+
+
+def gpu_path(model, cache=None, compile=None) -> tuple[str, bool]:
+    """The engine's ``cache`` and ``compile`` options, None meaning the default for ``model``'s device: the
+    static cache (its decode calls replayed as CUDA graphs) on a GPU, the dynamic cache elsewhere; compiled
+    kernels only when asked for (a compilation per input length, minutes for a real model)."""
+    if cache is None:
+        cache = "static" if model.device.type == "cuda" and not is_encoder_decoder(model) else "dynamic"
+    compile = bool(compile) if compile is not None else False
+    check_cache_options(cache, compile)
+    return cache, compile
 
 
 def _check_inputs(model, input_ids, max_new_tokens, cache="dynamic", compile=False):
@@ -71,7 +83,7 @@ def _batched(model, input_ids, attention_mask, decoder_input_ids, cache, compile
     if (is_encoder_decoder(model) or decoder_input_ids is not None or not isinstance(input_ids, torch.Tensor)
             or input_ids.ndim != 2 or input_ids.shape[0] == 1 and attention_mask is None):
         return False
-    if cache != "dynamic" or compile:
+    if cache not in (None, "dynamic") or compile:
         raise ValueError("a batch decodes with cache='dynamic' and compile=False: the static cache and compiled "
                          "steps are for a batch of one")
     return True
@@ -91,6 +103,16 @@ def _decoder(model, input_ids, attention_mask=None, decoder_input_ids=None):
     encoder_outputs = encode(model, input_ids, attention_mask)
     prompt = decoder_input_ids if decoder_input_ids is not None else decoder_start(model, input_ids.device)
     return EncoderDecoderView(model, encoder_outputs, attention_mask), prompt, encoder_outputs
+
+
+def _caches(model, static_length, compile):
+    """A new generation's KV cache for ``model`` and the forward of its decode calls: a fresh dynamic cache
+    and the model itself, or (``static_length`` given) the emptied cache of the model's `StaticModel`,
+    which replays its calls."""
+    if static_length is None:
+        return new_cache(model), model
+    runner = static_model(model, static_length, "target", compile)
+    return runner.start(), runner
 
 
 STATIC_BLOCK = 256  # static caches are sized in blocks of this many tokens
@@ -118,25 +140,29 @@ def _prefill(model, cache, input_ids, features=False):
     if context.shape[1]:
         outputs = model(context, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=features)
         hidden = outputs.hidden_states[-1][0] if features else None  # (T - 1, hidden)
-    return input_ids[0, -1:].tolist(), hidden
+    return input_ids[0, -1:], hidden
 
 
 def _target_forward(cache, input_ids, features, forward, **inputs):
     """The target on ``input_ids`` (1, n) after ``cache``: its logits (n, vocab), and its features (n, hidden)
     when ``features`` is set (else None): the last layer's hidden states, the input of its LM head.
-    ``forward`` is the target or its compiled step; ``inputs``: a tree's mask and positions."""
+    ``forward`` is the target, or its `StaticModel` (which calls it over ``cache`` on n positions);
+    ``inputs``: a tree's mask and positions, or how many positions' logits to keep."""
+    if isinstance(forward, StaticModel):
+        return forward(input_ids, features)
     outputs = forward(input_ids, past_key_values=cache, use_cache=True, output_hidden_states=features, **inputs)
     return outputs.logits[0], (outputs.hidden_states[-1][0] if features else None)
 
 
 @torch.inference_mode()
 def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(), seed=None, eos_token_id=None,
-                            tokenizer=None, cache="dynamic", compile=False, attention_mask=None,
+                            tokenizer=None, cache=None, compile=None, attention_mask=None,
                             decoder_input_ids=None) -> Generation | BatchGeneration:
     """Algorithm 1: one target call per new token. ``input_ids`` is (1, T).
 
-    ``cache`` ("dynamic" or "static") and ``compile`` choose the GPU path, as in `speculative_generate`.
-    Tokens stay on the device until the end, unless an ``eos_token_id`` must be watched for.
+    ``cache`` ("dynamic" or "static") and ``compile`` choose the GPU path, as in `speculative_generate`
+    (by default the static cache and its CUDA graphs on a GPU). Tokens stay on the device until the end,
+    unless an ``eos_token_id`` must be watched for (one read of the new token per step).
     An encoder-decoder model reads ``input_ids`` (with ``attention_mask``) with its encoder, as its
     ``generate`` does, and decodes after ``decoder_input_ids`` (default: its decoder start token).
 
@@ -148,17 +174,17 @@ def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(),
         return generate_batch(model, None, input_ids, max_new_tokens, 0, sampler, seed, eos_token_id, tokenizer,
                               attention_mask, lambda row, seed: autoregressive_generate(
                                   model, row, max_new_tokens, sampler, seed, eos_token_id, tokenizer))
+    cache, compile = gpu_path(model, cache, compile)
     model, input_ids, _ = _decoder(model, input_ids, attention_mask, decoder_input_ids)
     _check_inputs(model, input_ids, max_new_tokens, cache, compile)
     generator = make_generator(seed, model.device)
     started = time.perf_counter()
-    kv_cache = new_cache(model, _static_length(model, input_ids, max_new_tokens, cache))
-    forward = compiled(model) if compile else model
+    kv_cache, forward = _caches(model, _static_length(model, input_ids, max_new_tokens, cache), compile)
     vocab = vocab_size(model)
-    inputs, call = input_ids, model  # the first call reads the whole prompt, uncompiled (its length varies)
+    inputs, call = input_ids, model  # the first call reads the whole prompt, eagerly (its length varies)
     tokens = []
     while len(tokens) < max_new_tokens:
-        logits = call(inputs, past_key_values=kv_cache, use_cache=True, logits_to_keep=1).logits[0, -1, :vocab]
+        logits = _target_forward(kv_cache, inputs, False, call, logits_to_keep=1)[0][-1, :vocab]  # (vocab,)
         token = sampler.sample(sampler.probs(logits), generator).view(1)  # (1,), on the device
         inputs, call = token[None], forward  # (1, 1)
         tokens.append(token)
@@ -172,25 +198,28 @@ def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(),
 def _chain_step(target, cache, pending, draft, drafter, sampler, generator, vocab, features, forward):
     """Verify a chain of drafts (or none) with one target call; roll ``cache`` back and tell ``drafter``.
 
-    Returns the `Step`, the target's distributions at the committed positions (accepted + 1, vocab)
-    and the draft's distributions (or None), for the drafter's and the policy's hooks, and, when
-    ``features`` is set, the target's features at the committed positions (accepted + 1, hidden).
+    ``pending`` (m,) holds the tokens the cache has not seen, on the device. The step's one wait for the
+    device reads the outcome (`chain_outcome`) and the drafts in one copy. Returns the `Step`, the next
+    pending token (1,) on the device, the target's distributions at the committed positions
+    (accepted + 1, vocab) and the draft's distributions (or None), for the drafter's and the policy's
+    hooks, and, when ``features`` is set, the target's features at the committed positions
+    (accepted + 1, hidden).
     """
-    drafted = draft.tokens if draft is not None else torch.empty(0, dtype=torch.long, device=target.device)
-    inputs = torch.cat([torch.tensor(pending, device=target.device), drafted])[None]  # (1, pending + n)
+    drafted = draft.tokens if draft is not None else pending[:0]  # (n,), on the device
+    inputs = torch.cat([pending, drafted])[None]  # (1, m + n)
     logits, hidden = _target_forward(cache, inputs, features, forward, logits_to_keep=len(drafted) + 1)  # (n + 1, .)
     target_probs = sampler.probs(logits)  # (n + 1, vocab)
     if len(drafted) and sampler.greedy:
-        accepted, next_token, bonus = verify_chain_greedy(drafted, logits.argmax(-1))
+        outcome = chain_outcome_greedy(drafted, logits.argmax(-1))
     elif len(drafted):
-        accepted, next_token, bonus = verify_chain(drafted, draft.over(vocab), target_probs, generator,
-                                                   validate=False)
+        outcome = chain_outcome(drafted, draft.over(vocab), target_probs, generator)
     else:
-        accepted, next_token, bonus = 0, int(sampler.sample(target_probs[0], generator)), False
+        outcome = torch.stack([torch.zeros_like(drafted).sum(), sampler.sample(target_probs[0], generator)])
+    accepted, next_token, *drafted_ids = torch.cat([outcome, drafted]).tolist()  # the step's one sync
     rollback(cache, len(drafted) - accepted)
     drafter.update(accepted, next_token)
-    step = Step(drafted.tolist(), accepted, next_token, bonus)
-    return (step, target_probs[: accepted + 1], draft.probs if draft is not None else None,
+    step = Step(drafted_ids, accepted, next_token, accepted == len(drafted) > 0)
+    return (step, outcome[1:], target_probs[: accepted + 1], draft.probs if draft is not None else None,
             hidden[: accepted + 1] if features else None)
 
 
@@ -218,7 +247,7 @@ def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab
         raise ValueError("tree drafts need cache='dynamic': a static cache keeps a chain (a prefix) only")
     context, n = cache.get_seq_length(), len(draft)
     tokens, parents = _with_side(target, context, draft)  # the side tree, if any, after the nodes
-    inputs = torch.cat([torch.tensor(pending, device=target.device), tokens])[None]  # (1, rows): root, nodes, side
+    inputs = torch.cat([pending, tokens])[None]  # (1, rows): root, nodes, side
     logits, hidden = _target_forward(cache, inputs, features, forward,
                                      **tree_model_inputs(parents, context, 0, target.dtype, target.device,
                                                          target.config))
@@ -233,13 +262,13 @@ def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab
     last = path[-1] if path else -1
     walked = path + [node for node, parent in enumerate(draft.parents) if parent == last][:1]  # + first rejected
     step = Step(draft.tokens[walked].tolist(), len(path), next_token, bonus, tree_nodes=n, side_nodes=len(tokens) - n)
-    return (step, target_probs[committed], draft.probs[walked] if draft.probs is not None else None,
-            hidden[committed] if features else None)
+    return (step, torch.full((1,), next_token, device=pending.device), target_probs[committed],
+            draft.probs[walked] if draft.probs is not None else None, hidden[committed] if features else None)
 
 
 @torch.inference_mode()
 def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sampler=Sampler(), seed=None,
-                         eos_token_id=None, tokenizer=None, cache="dynamic", compile=False, attention_mask=None,
+                         eos_token_id=None, tokenizer=None, cache=None, compile=None, attention_mask=None,
                          decoder_input_ids=None) -> Generation | BatchGeneration:
     """Speculative sampling: draft up to ``k`` tokens, verify them with one target call, repeat.
 
@@ -248,10 +277,12 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     the target's distribution under ``sampler`` exactly; greedily it equals
     `autoregressive_generate` token for token. ``input_ids`` is (1, T).
 
-    The GPU path: ``cache="static"`` pre-allocates the target's KV cache (and a draft model's,
-    when ``drafter`` is a model) and rolls back by moving a pointer; ``compile=True`` then compiles
-    the decode steps, replayed as CUDA graphs on a GPU (`specbook.compiled`). Same tokens, same
-    distribution; a `ModelDrafter` passed in keeps its own settings.
+    The GPU path, the default on a GPU (``cache=None``): ``cache="static"`` pre-allocates the target's KV
+    cache (and a draft model's, when ``drafter`` is a model), keeps it for the next generation and rolls
+    back by moving a pointer; on a GPU each decode call is then one replayed CUDA graph, the draft's and
+    the verification's alike (`specbook.graphs`), and ``compile=True`` fuses the kernels inside them
+    (compiled C++ kernels on a CPU). ``cache="dynamic"`` opts out. Same tokens, same distribution; a
+    `ModelDrafter` passed in keeps its own settings.
 
     An encoder-decoder target reads ``input_ids`` (with ``attention_mask``) with its encoder once
     and decodes after ``decoder_input_ids`` (`specbook.seq2seq`); its drafter is told the encoder's
@@ -267,6 +298,7 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
                               attention_mask, lambda row, seed: speculative_generate(
                                   target, drafter, row, max_new_tokens, k, sampler, seed, eos_token_id, tokenizer))
     encoder_inputs = input_ids, attention_mask
+    cache, compile = gpu_path(target, cache, compile)
     target, input_ids, encoder_outputs = _decoder(target, input_ids, attention_mask, decoder_input_ids)
     _check_inputs(target, input_ids, max_new_tokens, cache, compile)
     policy = as_policy(k)
@@ -277,12 +309,11 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     generator = make_generator(seed, target.device)
     started = time.perf_counter()
     features = drafter.uses_features
-    kv_cache = new_cache(target, static_length)
+    kv_cache, forward = _caches(target, static_length, compile)
     if features:  # a drafter that reads the target's features needs the prompt's before it drafts
         pending, prompt_features = _prefill(target, kv_cache, input_ids, features)
     else:  # the prompt goes into the first verification call, as one more call would cost a step's time
-        pending, prompt_features = input_ids[0].tolist(), None
-    forward = compiled(target) if compile else target
+        pending, prompt_features = input_ids[0], None
     drafter.start(input_ids)
     if prompt_features is not None:
         drafter.observe_features(prompt_features)
@@ -297,8 +328,8 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
         tree = draft is not None and draft.parents is not None
         if tree and len(pending) > 1:  # a tree's mask is built after one pending token: cache the prompt first
             pending, _ = _prefill(target, kv_cache, input_ids)
-        step_forward = forward if len(pending) == 1 else target  # the prompt's first call runs uncompiled
-        step, committed_probs, step_draft_probs, committed_features = (_tree_step if tree else _chain_step)(
+        step_forward = forward if len(pending) == 1 else target  # the prompt's first call runs eagerly
+        step, pending, committed_probs, step_draft_probs, committed_features = (_tree_step if tree else _chain_step)(
             target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, step_forward)
         drafter.observe_target(committed_probs)  # the target at the committed positions
         if features:
@@ -306,7 +337,6 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
         policy.update(len(step.drafted), step.accepted, step_draft_probs)
         steps.append(step)
         token_ids += step.drafted[: step.accepted] + [step.next_token]
-        pending = [step.next_token]
     token_ids, text = finish(token_ids, eos_token_id, tokenizer)
     stats = step_stats(token_ids, steps, getattr(drafter, "calls", 0), time.perf_counter() - started)
     return Generation(token_ids, stats, steps, text)

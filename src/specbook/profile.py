@@ -3,7 +3,7 @@
 `step_profile` runs `speculative_generate` unchanged and times, from the outside, the parts the
 engine calls (each wrapped for the run and restored after): the drafter's ``propose`` (the draft
 model's forward passes and its sampling), the target's forward (`decoding._target_forward`), the
-target's probabilities (``Sampler.probs`` outside drafting), verification (`verify_chain` or
+target's probabilities (``Sampler.probs`` outside drafting), verification (`chain_outcome` or
 `verify_tree`), and the rollback of both caches (`cache.rollback` and the drafter's ``update``).
 What is left of a step's wall time is the engine's own bookkeeping. Times are exclusive: a part
 called inside another counts once, in the innermost. On a GPU every boundary synchronises, so the
@@ -11,13 +11,23 @@ profile slows the run down a little and says where the time goes, not how fast t
 
 Chapter 3's formula puts a step at K draft calls plus one target call; the rest is what an engine
 adds: part of the gap between the formula's speedup and the measured one (chapter 4).
+
+`host_profile` asks what the host does per call rather than how long a step takes: the host's
+microseconds per decode call (on a GPU, where the host queues work and waits only at a sync, that is
+its launch overhead, not the GPU's time), the operators dispatched per step outside the model calls
+(sampling, verification, bookkeeping: each one a kernel launch on a GPU) and inside them, and the
+conversions of tensors to Python values per step (`host_reads`: on a GPU each one waits for the
+device). It runs on a CPU too, where it counts the same things.
 """
 
 import statistics
-from contextlib import ExitStack
+import time
+from collections import Counter
+from contextlib import ExitStack, contextmanager
 from unittest import mock
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import decoding
 from .bench import _clock
@@ -26,8 +36,8 @@ from .drafters import ModelDrafter
 from .sampling import Sampler
 
 PARTS = ("draft", "target call", "probabilities", "verification", "rollback", "prefill")
-WRAPPED = [(decoding, "_target_forward", "target call"), (decoding, "verify_chain", "verification"),
-           (decoding, "verify_chain_greedy", "verification"),
+WRAPPED = [(decoding, "_target_forward", "target call"), (decoding, "chain_outcome", "verification"),
+           (decoding, "chain_outcome_greedy", "verification"),
            (decoding, "verify_tree", "verification"), (decoding, "rollback", "rollback"),
            (decoding, "_prefill", "prefill"), (Sampler, "probs", "probabilities")]  # (owner, attribute, part)
 
@@ -100,3 +110,110 @@ def step_profile(target, drafter, prompts, k=4, max_new_tokens=64, sampler=Sampl
     # the parts are disjoint intervals of the total, so only rounding could take the remainder below zero
     parts["engine"] = max(0.0, 1000 * (total - sum(timer.seconds.values())) / steps)
     return {"steps": steps, "ms_per_step": parts, "tokens_per_step": tokens / steps}
+
+
+CONVERSIONS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__")  # tensor -> Python value
+
+
+@contextmanager
+def host_reads():
+    """Count the conversions of tensors to Python values made inside the block (``.item()``, ``.tolist()``,
+    ``int(t)``, ``float(t)``, ``if t:``, ``t`` as an index): yields a `Counter` by method. On a GPU each one
+    waits for the device (torch's sync debug mode, ``torch.cuda.set_sync_debug_mode``, catches the others:
+    copies to the host made inside torch's own operators); on a CPU they are what the engine would wait for."""
+    counts = Counter()
+    own = {name: torch.Tensor.__dict__.get(name) for name in CONVERSIONS}
+
+    def counting(name, convert):
+        def counted(self, *args, **kwargs):
+            counts[name] += 1
+            return convert(self, *args, **kwargs)
+        return counted
+
+    try:
+        for name in CONVERSIONS:
+            setattr(torch.Tensor, name, counting(name, getattr(torch.Tensor, name)))
+        yield counts
+    finally:
+        for name, convert in own.items():
+            if convert is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, convert)
+
+
+class _Operators(TorchDispatchMode):
+    """Counts the operators dispatched (each a kernel launch on a GPU) per part: "target" and "draft" inside
+    those calls, "outside" elsewhere."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts, self.part = Counter(), "outside"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[self.part] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sampler(0), seed=0, **path) -> dict:
+    """What the host does per call in a speculative generation of ``input_ids`` (1, T): a dict with
+
+    - ``steps`` and ``draft_calls`` of the generation;
+    - ``syncs_per_step``: conversions of tensors to Python values per step (`host_reads`);
+    - ``target_host_us_per_call`` and ``draft_host_us_per_call``: the host's microseconds from a decode call's
+      start to its return (the target's verification calls, the drafter's ``propose`` per draft call), the
+      prompt's call excluded. On a GPU the host does not wait for the device inside them (it waits once a
+      step, after them), so this is what launching a call costs; on a CPU the call's work is done by then too;
+    - ``operators_per_step_outside_calls``, ``operators_per_target_call``, ``operators_per_draft_call``:
+      operators dispatched by torch per step outside the model calls (sampling, verification, bookkeeping) and
+      per call inside them: each is a kernel launch on a GPU, unless a replayed CUDA graph holds it. Compiled
+      calls run without the count (torch.compile refuses it): None inside them.
+
+    ``drafter`` is a `Drafter` or a draft model; ``path`` the engine's ``cache`` and ``compile``. One untimed
+    run first (allocation, capture, compilation); the counts come from a second run, the times from a third.
+    """
+    if isinstance(drafter, torch.nn.Module):
+        drafter = ModelDrafter(drafter, **path)
+    operators, seconds, calls = _Operators(), Counter(), Counter()
+    forward, propose = decoding._target_forward, drafter.propose
+    first = [True]  # the run's first target call reads the prompt (unless the drafter prefilled it)
+
+    def timed(part, function):
+        def call(*args, **kwargs):
+            if part == "target" and first[0] and not drafter.uses_features:
+                first[0] = False
+                return function(*args, **kwargs)
+            first[0] = False
+            outer, operators.part = operators.part, part
+            started = time.perf_counter()
+            try:
+                if path.get("compile"):  # compiled code refuses to run under a counting mode
+                    with _disable_current_modes():
+                        return function(*args, **kwargs)
+                return function(*args, **kwargs)
+            finally:
+                seconds[part] += time.perf_counter() - started
+                calls[part] += 1
+                operators.part = outer
+        return call
+
+    def run():
+        first[0] = True
+        return speculative_generate(target, drafter, input_ids, max_new_tokens, k, sampler, seed, **path)
+
+    run()
+    with ExitStack() as patches:
+        patches.enter_context(mock.patch.object(decoding, "_target_forward", timed("target", forward)))
+        patches.enter_context(mock.patch.object(drafter, "propose", timed("draft", propose)))
+        with host_reads() as reads, operators:
+            generation = run()
+        target_calls, counts = calls["target"], dict(operators.counts)
+        seconds.clear()
+        run()
+    steps, draft_calls, compiled = len(generation.steps), generation.stats.draft_calls, bool(path.get("compile"))
+    return {"steps": steps, "draft_calls": draft_calls, "syncs_per_step": sum(reads.values()) / steps,
+            "target_host_us_per_call": 1e6 * seconds["target"] / max(target_calls, 1),
+            "draft_host_us_per_call": 1e6 * seconds["draft"] / max(draft_calls, 1),
+            "operators_per_step_outside_calls": counts.get("outside", 0) / steps,
+            "operators_per_target_call": None if compiled else counts.get("target", 0) / max(target_calls, 1),
+            "operators_per_draft_call": None if compiled else counts.get("draft", 0) / max(draft_calls, 1)}

@@ -176,14 +176,25 @@ def verify_chain(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
     argmax, then the argmax follows. validate=False skips the input checks (for a decode loop
     whose inputs are known good).
 
+    The decision is `chain_outcome`, made on the device; this reads its two numbers back.
+    """
+    if validate:
+        _check_chain(draft_tokens, draft_probs, target_probs)
+    num_accepted, next_token = chain_outcome(draft_tokens, draft_probs, target_probs, generator).tolist()
+    return Verification(num_accepted, next_token, num_accepted == draft_tokens.shape[0])
+
+
+def chain_outcome(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """`verify_chain`'s decision left on the device: a (2,) tensor [number accepted, next token].
+
     The whole decision is one vectorised step on the probabilities' device: all K uniforms are
     tested at once, and a candidate next token is drawn at every position -- from the residual at
     positions 1..K, from q_{K+1} after them -- before the one after the accepted run is picked.
     The candidates are independent of the uniforms, so the picked one has exactly the
-    distribution it needs, and the host waits for the device once, to read two numbers.
+    distribution it needs, and nothing waits for the device: the engine reads the outcome back
+    together with the drafts, once per step (`specbook.decoding`).
     """
-    if validate:
-        _check_chain(draft_tokens, draft_probs, target_probs)
     k = draft_tokens.shape[0]
     positions = torch.arange(k, device=draft_probs.device)
     draft_tokens = draft_tokens.to(draft_probs.device, torch.long)
@@ -195,8 +206,7 @@ def verify_chain(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
     next_probs = torch.cat([residual_distribution(target_probs[:k], draft_probs, validate=False),
                             target_probs[k:]])  # (K + 1, vocab): where each position's next token comes from
     candidates = torch.multinomial(next_probs, 1, generator=generator)[:, 0]  # (K + 1,)
-    num_accepted, next_token = torch.stack([num_accepted, candidates[num_accepted]]).tolist()
-    return Verification(num_accepted, next_token, num_accepted == k)
+    return torch.stack([num_accepted, candidates[num_accepted]])
 
 
 def verify_chain_greedy(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> Verification:
@@ -206,13 +216,19 @@ def verify_chain_greedy(draft_tokens: torch.Tensor, target_tokens: torch.Tensor)
     drafted positions plus the one after them. The answer `verify_chain` gives when the target's
     distributions are one-hot (temperature 0), whatever the draft's: min(1, q(x) / p(x)) is 1 on
     the argmax and 0 elsewhere, and the residual (q - p)+ keeps the argmax alone. No uniforms, no
-    residuals: one comparison, and one host sync to read two numbers.
+    residuals: one comparison (`chain_outcome_greedy`), and one read of two numbers.
     """
     k = draft_tokens.shape[0]
     if target_tokens.shape != (k + 1,):
         raise ValueError(f"target_tokens must have shape ({k + 1},), one more than draft_tokens "
                          f"(got {tuple(target_tokens.shape)})")
+    num_accepted, next_token = chain_outcome_greedy(draft_tokens, target_tokens).tolist()
+    return Verification(num_accepted, next_token, num_accepted == k)
+
+
+def chain_outcome_greedy(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:
+    """`verify_chain_greedy`'s decision left on the device: a (2,) tensor [number accepted, next token]."""
+    k = draft_tokens.shape[0]
     matches = draft_tokens.to(target_tokens.device, torch.long) == target_tokens[:k]  # (K,)
     num_accepted = matches.long().cumprod(0).sum()  # (): the leading run of matches
-    num_accepted, next_token = torch.stack([num_accepted, target_tokens[num_accepted]]).tolist()
-    return Verification(num_accepted, next_token, num_accepted == k)
+    return torch.stack([num_accepted, target_tokens[num_accepted]])

@@ -5,14 +5,14 @@ context plus the first K - 1 drafts (the K-th was sampled but never fed back). `
 the rejected drafts off the cache and queues what the cache has not seen yet -- the K-th draft if
 everything was accepted, and always the target's next token -- to be fed in the next ``propose``.
 Drafts stay on the model's device: drafting K tokens never waits for the GPU (unless a
-``keep_drafting`` policy must read the draft's confidence), and with ``cache="static"`` and
-``compile=True`` each draft step is one replayed CUDA graph (`specbook.compiled`).
+``keep_drafting`` policy must read the draft's confidence), and with ``cache="static"`` on a GPU each
+draft step is one replayed CUDA graph (`specbook.graphs`), its kernels compiled with ``compile=True``.
 """
 
 import torch
 
 from ..cache import check_cache_options, new_cache, rollback
-from ..compiled import compiled
+from ..graphs import static_model
 from ..models import SHARED_ENCODER, check_pair, check_token_ids, vocab_size
 from ..seq2seq import EncoderDecoderView, encode, is_encoder_decoder
 from .base import Draft, Drafter
@@ -26,7 +26,7 @@ class ModelDrafter(Drafter):
     ``vocab_size`` is the width of the logits it drafts from; the engine narrows it to the
     target's when one of the two models pads its embedding matrix with unused rows. ``cache`` is
     "dynamic" or "static" (pre-allocated for ``max_length`` tokens, by default the model's
-    context); ``compile=True`` (static caches only) compiles the single-token draft step.
+    context), kept between generations; ``compile=True`` (static caches only) compiles the draft step.
     ``encoder`` is for an encoder-decoder draft (`read_encoder`).
     """
 
@@ -37,7 +37,7 @@ class ModelDrafter(Drafter):
             raise ValueError(f"encoder must be one of {ENCODERS} (got {encoder!r})")
         self.model, self.seq2seq, self.encoder = model, model, encoder
         self.static_length = (max_length or model.config.max_position_embeddings) if cache == "static" else None
-        self.forward = compiled(model) if compile else model
+        self.compile = compile
         self.vocab_size = vocab_size(model)
         self.calls = 0
 
@@ -59,7 +59,7 @@ class ModelDrafter(Drafter):
                                  "use encoder='own'")
         else:
             encoder_outputs = encode(self.seq2seq, input_ids, attention_mask)
-        self.model = self.forward = EncoderDecoderView(self.seq2seq, encoder_outputs, attention_mask)
+        self.model = EncoderDecoderView(self.seq2seq, encoder_outputs, attention_mask)
 
     @property
     def device(self) -> torch.device:
@@ -67,7 +67,11 @@ class ModelDrafter(Drafter):
 
     def start(self, input_ids: torch.Tensor) -> None:
         check_token_ids(input_ids, self.model, "the prompt (for the draft model)")
-        self.cache = new_cache(self.model, self.static_length)
+        if self.static_length is None:
+            self.cache, self.forward = new_cache(self.model), None
+        else:  # the model's static cache for drafting, emptied, and the runner that replays its steps
+            self.forward = static_model(self.model, self.static_length, "draft", self.compile)
+            self.cache = self.forward.start()
         if input_ids.shape[1] > 1:
             self.model(input_ids[:, :-1], past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         self.pending = input_ids[0, -1:]  # (n,): context tokens the cache has not seen yet
@@ -78,8 +82,11 @@ class ModelDrafter(Drafter):
         tokens, probs = [], []
         inputs = self.pending[None]  # (1, n)
         for _ in range(k):
-            logits = self.forward(inputs, past_key_values=self.cache, use_cache=True,
-                                  logits_to_keep=1).logits[0, -1, : self.vocab_size]  # (vocab,)
+            if self.forward is None:
+                logits = self.model(inputs, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0]
+            else:
+                logits = self.forward(inputs)[0]  # (n, vocab)
+            logits = logits[-1, : self.vocab_size]  # (vocab,)
             step_probs = sampler.probs(logits)  # (vocab,): the warped p, what verification uses
             token = sampler.sample(step_probs, generator)  # (), on the device
             tokens.append(token)

@@ -117,7 +117,7 @@ class LookupRows:
 def for_batch(drafter, input_ids: torch.Tensor, visible: torch.Tensor):
     """The batch form of ``drafter`` (from `as_drafter`) started on a (B, T) left-padded batch, or a clear refusal."""
     if type(drafter) is ModelDrafter and not is_encoder_decoder(drafter.seq2seq):
-        if drafter.static_length is not None or drafter.forward is not drafter.model:
+        if drafter.static_length is not None or drafter.compile:
             raise ValueError("a batch decodes with dynamic caches: give the ModelDrafter cache='dynamic' and no "
                              "compile (the static cache and compiled steps are for a batch of one)")
         return ModelRows(drafter, input_ids, visible)
