@@ -7,6 +7,8 @@ row's tokens do not depend on the other rows. A broken variant -- one acceptance
 all rows -- fails both.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -231,6 +233,34 @@ def test_batch_size_policy_from_costs():
         BatchSizeK.from_costs(0.8, {1: 0.1}, {1: [1, 1]}, min_speedup=0.5)
 
 
+def test_a_policy_from_costs_measured_from_a_larger_batch_covers_one_row():
+    """Measured at 4 and 32 rows only (``--batch-sizes 4,32``): below 4 rows the policy drafts 4 rows' K."""
+    policy = BatchSizeK.from_costs(0.8, {4: 0.1, 32: 0.1}, {4: [1, 1.05, 1.1, 1.15, 1.2], 32: [1, 2, 3, 4, 5]})
+    assert policy.k_by_batch == {1: 4, 4: 4, 32: 0} and [policy.k_for(rows) for rows in (1, 3, 4, 31, 32)] == [
+        4, 4, 4, 4, 0]
+    assert BatchSizeK.from_costs(0.8, {8: 0.1}, {8: [1, 5, 9]}).k_by_batch == {1: 0, 8: 0}
+    for costs, ratios, match in (({}, {}, "verify_ratio must be a non-empty dict"),
+                                 ({1: 0.1}, {1: [1, 1], 4: [1, 1]}, "cost_ratio must hold every batch size"),
+                                 ({0: 0.1}, {0: [1, 1]}, "verify_ratio's batch sizes must be an integer >= 1")):
+        with pytest.raises(ValueError, match=match):
+            BatchSizeK.from_costs(0.8, costs, ratios)
+
+
+def test_at_batch_size_one_the_policy_runs_the_loop_of_its_fixed_k(pair):
+    """The batch suite's rows at one row: the policy and the fixed K it picks take the same loop (the batch-of-one
+    loop, on the unpadded prompt) with the same K, step for step; a batch seen before does not leak in."""
+    target, draft = pair
+    policy = BatchSizeK({1: 3, 2: 1})
+    policy.observe_batch(5)  # a stale batch size: each generation starts from one row
+    ids, mask = torch.tensor([[0, 0, 7, 3, 9]]), torch.tensor([[0, 0, 1, 1, 1]])  # a padded batch of one
+    runs = [speculative_generate(target, draft, ids, 16, k=k, sampler=GREEDY, attention_mask=mask)
+            for k in (policy, 3)]
+    assert [type(run).__name__ for run in runs] == ["BatchGeneration"] * 2
+    assert runs[0][0].steps == runs[1][0].steps and max(len(step.drafted) for step in runs[0][0].steps) == 3
+    untimed = [dataclasses.replace(run.stats, seconds=0.0) for run in runs]
+    assert untimed[0] == untimed[1] and untimed[0].rows_per_call == 1  # the batch-of-one loop's record
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(attention_mask=torch.ones(2, 3)), "attention_mask must have the shape"),
     (dict(attention_mask=torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])), "row 1 is padded on the right"),
@@ -292,7 +322,10 @@ def test_call_costs_and_the_crossover(pair):
     assert set(costs) == {1, 3} and all(len(times) == 2 and min(times) > 0 for times in costs.values())
     rows = [{"method": "speculative k=4", "batch_size": b, "speedup_vs_ar": s, "predicted_speedup": p}
             for b, s, p in ((1, 1.5, 1.6), (8, 0.9, 1.1), (16, 0.8, 0.95))]
-    assert crossover(rows, 4) == {"measured": 8, "predicted": 16}
+    assert crossover(rows, 4) == {"measured": 8, "measured_every_round": 8, "predicted": 16}  # no spread: medians
+    for row, high in zip(rows, (1.7, 1.05, 0.9)):  # at 8 rows one round still paid
+        row["speedup_vs_ar_max"] = high
+    assert crossover(rows, 4) == {"measured": 8, "measured_every_round": 16, "predicted": 16}
     assert len(set(batch_prompts(32))) == 32
     with pytest.raises(ValueError, match="count must be at most"):
         batch_prompts(1000)

@@ -54,7 +54,10 @@ def test_bench_writes_a_csv(tmp_path, capsys, suite, rows):
     table = pd.read_csv(out)
     assert len(table) == rows and table["same_tokens"].all()
     assert {"method", "speedup", "tokens_per_call", "acceptance_rate", "machine", "prompts"} <= set(table.columns)
-    assert (table["bandwidth_gb_s"] > 0).all() and "copy bandwidth is" in capsys.readouterr().out
+    assert (table["seconds_min"] <= table["seconds"]).all() and (table["seconds"] <= table["seconds_max"]).all()
+    assert (table["speedup_min"] <= table["speedup"]).all() and (table["speedup"] <= table["speedup_max"]).all()
+    out = capsys.readouterr().out
+    assert (table["bandwidth_gb_s"] > 0).all() and "copy bandwidth is" in out and "1.00x (1.00-1.00)" in out
     assert table["packed_target"].all() == torch.backends.mkldnn.is_available()  # packed by default, where it can
 
 
@@ -185,4 +188,27 @@ def test_the_batch_suite_writes_one_row_per_batch_size_and_method(tmp_path, caps
     assert [row["refused"] for row in rows if row["method"] == "hf assisted"] == [
         "assisted generate is only supported for batch_size = 1"]
     assert set(results["costs"]) == {"1", "3"} and results["policy"]["1"] in (0, 1, 2)
-    assert "speedup over batched autoregressive decoding" in capsys.readouterr().out
+    for row in rows:  # every timed row carries the spread of its rounds, in order
+        if row.get("speedup_vs_ar") is not None:
+            assert row["seconds_min"] <= row["seconds"] <= row["seconds_max"]
+            assert row["speedup_vs_ar_min"] <= row["speedup_vs_ar"] <= row["speedup_vs_ar_max"]
+        else:
+            assert row["seconds_min"] is None and row["speedup_vs_ar_max"] is None
+    assert set(results["fastest"]) == {"1", "3"} and results["fastest"]["1"]["distinguishable"] is False  # 1 round
+    assert "measured_every_round" in results["crossover"]
+    out = capsys.readouterr().out
+    assert "speedup over batched autoregressive decoding" in out and "x (" in out and "batch 3: fastest" in out
+
+
+def test_the_batch_suite_measures_batch_sizes_that_do_not_start_at_one(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "batch.json"
+    main(["bench", "--suite", "batch", "--batch-sizes", "2", "--ks", "1", "--max-new-tokens", "4", "--repeats", "2",
+          "--json", str(out)])
+    results = json.loads(out.read_text())
+    assert set(results["costs"]) == {"2"} and results["policy"]["1"] == results["policy"]["2"]
+    policy = next(row for row in results["rows"] if row["method"] == "batch-size policy")
+    assert policy["batch_size"] == 2 and policy["k"] == results["policy"]["2"] and policy["same_tokens"]
+    assert policy["speedup_vs_ar_min"] <= policy["speedup_vs_ar"] <= policy["speedup_vs_ar_max"]
+    assert "batch 2: fastest" in capsys.readouterr().out

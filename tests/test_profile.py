@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from specbook import decoding
-from specbook.bench import autoregressive, decode_latency, run_benchmark, speculative
+from specbook.bench import (autoregressive, decode_latency, fastest, run_benchmark, speculative, speedup_range,
+                            spread_text)
 from specbook.drafters import ModelDrafter, TopKTreeDrafter
 from specbook.models import weight_bytes
 from specbook.profile import PARTS, copy_bandwidth, step_profile
@@ -50,6 +51,38 @@ def test_benchmark_rows_report_the_bandwidth_their_speed_implies(target, draft):
     for row in rows:
         assert row["bandwidth_gb_s"] == pytest.approx(weight_bytes(target) * row["tokens"] / row["seconds"] / 1e9)
     assert copy_bandwidth(megabytes=8, repeats=2) > 0
+
+
+def test_benchmark_rows_carry_the_spread_of_their_rounds(target, draft):
+    rows = run_benchmark([autoregressive(target, Sampler(0), 8), speculative(target, draft, 3, Sampler(0), 8)],
+                         PROMPTS, repeats=3, progress=False)
+    for row in rows:
+        assert row["seconds_min"] <= row["seconds"] <= row["seconds_max"]
+        assert row["speedup_min"] <= row["speedup"] <= row["speedup_max"]
+        assert len(row["round_seconds"]) == 3
+        assert row["seconds_min"] <= min(row["round_seconds"]) and max(row["round_seconds"]) <= row["seconds_max"]
+    assert rows[0]["speedup_min"] == rows[0]["speedup_max"] == 1  # the baseline against itself, round by round
+
+
+def test_a_speedup_range_is_paired_by_round_and_holds_the_median():
+    assert speedup_range([2.0, 4.0, 3.0], [1.0, 2.0, 1.0], 3 / 1) == (2.0, 3.0)  # round 2 ran slow for both
+    assert speedup_range([1.0, 2.0], [1.0, 1.0], 1.8) == (1.0, 2.0)
+    assert speedup_range([1.0, 1.0], [1.0, 1.0], 1.2) == (1.0, 1.2)  # a ratio of medians outside the rounds
+    with pytest.raises(ValueError, match="the same, non-zero number of rounds"):
+        speedup_range([1.0], [1.0, 2.0], 1.0)
+
+
+def test_the_fastest_row_is_named_with_the_rows_its_spread_cannot_tell_it_from():
+    rows = [{"method": "a", "speedup": 1.8, "speedup_min": 1.7, "speedup_max": 1.9},
+            {"method": "b", "speedup": 1.6, "speedup_min": 1.5, "speedup_max": 1.75},
+            {"method": "c", "speedup": 1.2, "speedup_min": 1.1, "speedup_max": 1.3}]
+    best, tied, distinguishable = fastest(rows, repeats=3)
+    assert best["method"] == "a" and [row["method"] for row in tied] == ["b"] and not distinguishable
+    best, tied, distinguishable = fastest([rows[0], rows[2]], repeats=3)
+    assert best["method"] == "a" and tied == [] and distinguishable
+    assert fastest([rows[0], rows[2]], repeats=1)[2] is False  # one round measures no spread
+    assert fastest([{"speedup": 1.1}, {"speedup": 1.3}])[0] == {"speedup": 1.3}  # rows written before the ranges
+    assert spread_text(1.824, 1.75, 1.9) == "1.82x (1.75-1.90)" and spread_text(1.824) == "1.82x"
 
 
 def test_decode_latency_leaves_the_prefill_out(target):

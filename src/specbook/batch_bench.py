@@ -11,8 +11,14 @@ one on one), which `specbook.theory.batch_speedup` turns into a predicted speedu
 `batch_suite` then times, at each batch size, on the same left-padded prompts: batched autoregressive
 decoding, Hugging Face's batched ``generate``, batched speculative decoding at each K and with the
 batch-size policy (and, at batch size one, the batch-of-one loop). Rounds are interleaved, a method's time
-is its median, and every ratio is taken within the run. Hugging Face's assisted generation refuses
-batches larger than one; the suite asks it and records its answer.
+is its median, and every ratio is taken within the run, with the spread of the rounds beside it; the fastest
+method at each batch size is named with those its spread cannot tell it from. Hugging Face's assisted
+generation refuses batches larger than one; the suite asks it and records its answer.
+
+At batch size one every speculative row -- each K, the policy, the batch-of-one loop -- runs the same code:
+a (1, T) batch decodes through the batch-of-one loop on its unpadded prompt (`specbook.batch.generate_batch`),
+so the policy at its K and the fixed K it picked differ only by the noise of the machine (and the batch-of-one
+row repeats the largest K's row: their difference shows that noise).
 """
 
 import json
@@ -21,10 +27,11 @@ import statistics
 import torch
 from tqdm.auto import tqdm
 
-from .bench import INPUT_GROUNDED, OPEN_ENDED, REPETITIVE, _clock, generate_options, machine
+from .bench import (INPUT_GROUNDED, OPEN_ENDED, REPETITIVE, _clock, fastest, generate_options, machine, show_spreads,
+                    speedup_range, spread_of, tie_text)
 from .decoding import autoregressive_generate, speculative_generate
 from .models import assets_dir
-from .policies import BatchSizeK
+from .policies import BatchSizeK, check_integer
 from .ragged import RaggedCache
 from .theory import batch_speedup
 
@@ -89,7 +96,19 @@ def _assisted_refusal(target, draft, input_ids, attention_mask) -> str | None:
 def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0, progress=True) -> dict:
     """The batch benchmark (module docstring): one row per (batch size, method), and the costs and policy
     it used. ``speedup_vs_ar`` is over batched autoregressive decoding at the same batch size;
-    ``predicted_speedup`` is `specbook.theory.batch_speedup` with the measured alpha, c_B and r_B(K)."""
+    ``predicted_speedup`` is `specbook.theory.batch_speedup` with the measured alpha, c_B and r_B(K).
+
+    ``seconds`` is the median of a method's ``repeats`` rounds, ``seconds_min`` and ``seconds_max`` its
+    fastest and slowest; round r runs every method once, so ``speedup_vs_ar_min`` and ``speedup_vs_ar_max``
+    are the extremes of the per-round speedups, autoregressive decoding's round-r time over the method's
+    (`specbook.bench.speedup_range`). ``fastest`` names, per batch size, the fastest method, the methods
+    whose speedup ranges overlap its own (``tied``) and whether it is ``distinguishable`` from the rest
+    (`specbook.bench.fastest`). ``batch_sizes`` need not start at 1: the policy carries the K of the
+    smallest one measured down to a single row (`BatchSizeK.from_costs`)."""
+    if not batch_sizes:
+        raise ValueError("batch_sizes must hold at least one batch size (got none)")
+    check_integer("repeats", repeats, 1)
+    batch_sizes = sorted(set(batch_sizes))
     target, draft = pair.target, pair.draft
     prompts = pair.encode_batch(batch_prompts(max(batch_sizes)))[1]
     context = round(float(prompts.sum(1).float().mean())) + max_new_tokens // 2  # a row's context, half-way through
@@ -103,7 +122,7 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
                                  attention_mask=mask)  # alpha, for the formula and the policy
     alpha = statistics.fmean(row.stats.acceptance_rate for row in probe)
     policy = BatchSizeK.from_costs(alpha, cost_ratio, verify_ratio)
-    rows = []
+    rows, ranked = [], {}
     for batch in tqdm(batch_sizes, desc="batch sizes", disable=not progress):
         ids, mask = pair.encode_batch(batch_prompts(batch))
         hugging_face = _hugging_face_batch(target, sampler, max_new_tokens)
@@ -127,15 +146,23 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
                 outputs[name] = _per_row(run(seed))
                 times[name].append(_clock() - started)
         baseline = statistics.median(times["autoregressive"])
+        timed = []
         for name, (k, _) in methods.items():
             (token_ids, generations), seconds = outputs[name], statistics.median(times[name])
             alphas = [g.stats.acceptance_rate for g in generations if k and g.stats.acceptance_rate >= 0]
-            rows.append({"batch_size": batch, "method": name, "k": k,
-                         "tokens_per_second": sum(map(len, token_ids)) / seconds, "speedup_vs_ar": baseline / seconds,
-                         "tokens_per_call": statistics.fmean([g.stats.tokens_per_step for g in generations]) if k
-                         else 1.0, "acceptance_rate": statistics.fmean(alphas) if alphas else None,
-                         "predicted_speedup": batch_speedup(alpha, k, cost_ratio[batch], verify_ratio[batch][k])
-                         if k else 1.0, "same_tokens": token_ids == outputs["autoregressive"][0], "seconds": seconds})
+            low, high = speedup_range(times["autoregressive"], times[name], baseline / seconds)
+            timed.append({"batch_size": batch, "method": name, "k": k,
+                          "tokens_per_second": sum(map(len, token_ids)) / seconds, "speedup_vs_ar": baseline / seconds,
+                          "speedup_vs_ar_min": low, "speedup_vs_ar_max": high,
+                          "tokens_per_call": statistics.fmean([g.stats.tokens_per_step for g in generations]) if k
+                          else 1.0, "acceptance_rate": statistics.fmean(alphas) if alphas else None,
+                          "predicted_speedup": batch_speedup(alpha, k, cost_ratio[batch], verify_ratio[batch][k])
+                          if k else 1.0, "same_tokens": token_ids == outputs["autoregressive"][0], "seconds": seconds,
+                          "seconds_min": min(times[name]), "seconds_max": max(times[name])})
+        best, tied, distinguishable = fastest(timed, "speedup_vs_ar", repeats)
+        ranked[batch] = {"method": best["method"], "tied": [row["method"] for row in tied],
+                         "distinguishable": distinguishable}
+        rows += timed
         if batch > 1:
             rows.append({**dict.fromkeys(rows[-1]), "batch_size": batch, "method": "hf assisted",
                          "refused": _assisted_refusal(target, draft, ids, mask)})  # no timing: it refuses
@@ -143,7 +170,7 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
             "temperature": sampler.temperature, "cost_context": context, "alpha": alpha, "policy": policy.k_by_batch,
             "costs": {b: {"verify_ms": [1000 * t for t in verify[b]], "draft_ms": 1000 * drafting[b][0],
                           "cost_ratio": cost_ratio[b], "verify_ratio": verify_ratio[b]} for b in batch_sizes},
-            "crossover": crossover(rows, 4), "rows": rows}
+            "crossover": crossover(rows, 4), "fastest": ranked, "rows": rows}
 
 
 def _per_row(output) -> tuple[list[list[int]], list]:
@@ -156,29 +183,46 @@ def _per_row(output) -> tuple[list[list[int]], list]:
 
 
 def crossover(rows: list[dict], k: int) -> dict:
-    """The smallest batch size where speculative decoding at ``k`` stops paying (speedup below 1), measured and
-    predicted; None where it pays at every batch size measured."""
+    """The smallest batch size where speculative decoding at ``k`` stops paying (speedup below 1), measured (the
+    median), measured in every round (``measured_every_round``: the whole spread below 1) and predicted; None
+    where it pays at every batch size measured. A row without the spread counts as its median."""
     mine = [row for row in rows if row["method"] == f"speculative k={k}"]  # in increasing batch size
-    return {kind: next((row["batch_size"] for row in mine if row[key] < 1), None)
-            for kind, key in (("measured", "speedup_vs_ar"), ("predicted", "predicted_speedup"))}
+    keys = {"measured": "speedup_vs_ar", "measured_every_round": "speedup_vs_ar_max", "predicted": "predicted_speedup"}
+    return {kind: next((row["batch_size"] for row in mine if row.get(key, row["speedup_vs_ar"]) < 1), None)
+            for kind, key in keys.items()}
 
 
 def report(results: dict) -> str:
-    """The batch suite's results as text: speedup over batched autoregressive decoding, a method per line and
-    a batch size per column, then the costs, the policy and the crossover."""
+    """The batch suite's results as text: speedup over batched autoregressive decoding with the spread of the
+    rounds, '1.40x (1.35-1.44)', a method per line and a batch size per column; then the costs, the policy, the
+    crossover and, per batch size, the fastest method with those tied with it. A results file older than the
+    spread columns prints its medians alone."""
     import pandas as pd
 
-    table = pd.DataFrame([row for row in results["rows"] if row.get("speedup_vs_ar") is not None])
-    lines = [table.pivot_table(index="method", columns="batch_size", values="speedup_vs_ar", sort=False)
-             .to_string(float_format=lambda x: f"{x:.2f}"),
-             f"speedup over batched autoregressive decoding; {results['machine']}, {results['max_new_tokens']} new "
-             f"tokens per row, {results['repeats']} repeats, temperature {results['temperature']}"]
+    table = show_spreads(pd.DataFrame([row for row in results["rows"] if row.get("speedup_vs_ar") is not None]),
+                         ["speedup_vs_ar"])
+    crossing = results["crossover"]
+    lines = [table.pivot_table(index="method", columns="batch_size", values="speedup_vs_ar", aggfunc="first",
+                               sort=False).to_string(),
+             f"speedup over batched autoregressive decoding, the median round (the lowest and highest round's); "
+             f"{results['machine']}, {results['max_new_tokens']} new tokens per row, {results['repeats']} repeats, "
+             f"temperature {results['temperature']}"]
     for batch, cost in results["costs"].items():
         ratios = ", ".join(f"{r:.2f}" for r in cost["verify_ratio"])
         lines.append(f"batch {batch}: a target call on 1..{len(cost['verify_ratio'])} positions per row costs "
                      f"{ratios} x one ({cost['verify_ms'][0]:.1f} ms); c = {cost['cost_ratio']:.3f}")
     refusals = {row["refused"] for row in results["rows"] if row.get("refused")}
     lines += [f"alpha = {results['alpha']:.3f}; batch-size policy {results['policy']}; K = 4 stops paying at batch "
-              f"size {results['crossover']['measured']} (measured), {results['crossover']['predicted']} (predicted)",
+              f"size {crossing['measured']} (measured), {crossing.get('measured_every_round', '-')} (in every "
+              f"round), {crossing['predicted']} (predicted)",
               *(f"hf assisted at batch size > 1: {refusal}" for refusal in refusals)]
+    for batch, ranked in results.get("fastest", {}).items():
+        rows = {row["method"]: row for row in results["rows"] if str(row["batch_size"]) == str(batch)
+                and row.get("speedup_vs_ar") is not None}
+        best, policy = rows[ranked["method"]], rows["batch-size policy"]
+        standing = ("is the fastest" if policy is best else "is within the fastest's spread" if policy["method"]
+                    in ranked["tied"] else "is below the fastest's spread")
+        tied = tie_text(ranked["tied"], ranked["distinguishable"])
+        lines.append(f"batch {batch}: fastest {best['method']}, {spread_of(best, 'speedup_vs_ar')}, {tied}; the "
+                     f"batch-size policy (K = {policy['k']}), {spread_of(policy, 'speedup_vs_ar')}, {standing}")
     return "\n".join(lines)

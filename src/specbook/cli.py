@@ -9,6 +9,7 @@
     python -m specbook generate "To be, or <mask> to be:" --pair shakespeare-seq2seq --trace
     python -m specbook bench --suite seq2seq --ks 2,4,6 --json results/seq2seq.json
     python -m specbook bench --suite batch --batch-sizes 1,2,4,8,16,32 --json results/batch.json
+    python -m specbook bench --suite costs --device cuda --ks 8 --repeats 20 --json results/costs.json
     python -m specbook chat
 """
 
@@ -19,8 +20,10 @@ import sys
 import torch
 
 from .batch_bench import batch_suite, report
+from .costs import CPU_SCALE, PAIRS, cost_probe
+from .costs import report as costs_report
 from .bench import (CATEGORIES, PROMPT_SETS, ablation, comparison, encoder_decoder, family, heads_and_trees, machine,
-                    run_benchmark)
+                    run_benchmark, show_spreads, spread_of, tie_text)
 from .decoding import autoregressive_generate, speculative_generate
 from .drafters import ModelDrafter
 from .gpu import gpu_benchmark, or_none, write_results
@@ -111,6 +114,8 @@ def _built_in_heads(pair, kinds=("medusa", "eagle")):
 def bench(args):
     import pandas as pd
 
+    if args.suite == "costs":  # builds the real pairs' shapes itself: no pair to load
+        return _costs_bench(args)
     if args.suite in ("heads", "family") and (args.target or args.draft or args.pair not in (None, *WITH_HEADS)):
         raise ValueError(f"--suite {args.suite} needs a built-in pair (--pair shakespeare, the default): its heads "
                          "were trained on that target's hidden states and fit no other model")
@@ -149,8 +154,11 @@ def bench(args):
         prompts = [pair.encode(text) for text in PROMPT_SETS[name]]
         frame = pd.DataFrame(run_benchmark(methods, prompts, args.repeats, args.seed))
         frames.append(frame.assign(prompts=name))
-    table = pd.concat(frames, ignore_index=True).assign(machine=machine(), packed_target=packed)
-    print(table.drop(columns=["machine", "packed_target"]).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    table = pd.concat(frames, ignore_index=True).drop(columns="round_seconds").assign(machine=machine(),
+                                                                                     packed_target=packed)
+    shown = show_spreads(table.drop(columns=["machine", "packed_target"]), ["seconds"], unit=" s", digits=3)
+    print(show_spreads(shown, ["speedup"]).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print("seconds and speedup: the median round (the lowest and highest round's)")
     print(f"{machine()}; the target's linear layers {'packed once (specbook.packed)' if packed else 'as loaded'}")
     print(f"bandwidth_gb_s: the target's weights read per second if every token read them once; this machine's "
           f"copy bandwidth is {copy_bandwidth(pair.target.device):.1f} GB/s")
@@ -159,15 +167,32 @@ def bench(args):
         print(f"written to {args.out}", file=sys.stderr)
 
 
+def _costs_bench(args):
+    """The cost probe (`specbook.costs`): the real pairs of --pairs with random weights, timed on this machine;
+    c, v(n) and the predicted speedups printed, and written as JSON with --json."""
+    if args.pair or args.target or args.draft:
+        raise ValueError("--suite costs builds the real pairs named by --pairs from their shapes (random weights, "
+                         "nothing downloaded): drop --pair, --target and --draft")
+    device = torch.device(args.device or "cpu")
+    scale = args.scale if args.scale is not None else 1 if device.type == "cuda" else CPU_SCALE
+    results = cost_probe(args.pairs, scale, max(args.ks), args.repeats, device=device,
+                         dtype=getattr(torch, args.dtype) if args.dtype else None, seed=args.seed)
+    print(costs_report(results))
+    if args.json:
+        write_results(results, args.json)
+        print(f"written to {args.json}", file=sys.stderr)
+
+
 def _gpu_bench(pair, args):
     """The GPU benchmark (`specbook.gpu.gpu_benchmark`), greedy and at temperature 1, written as JSON."""
     prompts = [pair.encode(text) for text in PROMPT_SETS["open" if args.prompts == "both" else args.prompts]]
     results = gpu_benchmark(pair, prompts, args.ks, args.max_new_tokens, args.repeats, compile=args.compile,
                             seed=args.seed)
     for sampling, best in results["best"].items():
-        print(f"{sampling}: best k={best['k']}, {best['speedup_vs_ar']:.2f}x autoregressive, "
-              f"{best['speedup_vs_hf']:.2f}x HF assisted at the same k, {best['speedup_vs_fastest_hf']:.2f}x "
-              f"the fastest HF setting ({best['fastest_hf']})")
+        tied = tie_text([f"k={k}" for k in best["tied_ks"]], best["distinguishable"])
+        print(f"{sampling}: best k={best['k']} ({tied}), {spread_of(best, 'speedup_vs_ar')} autoregressive, "
+              f"{spread_of(best, 'speedup_vs_hf')} HF assisted at the same k, "
+              f"{spread_of(best, 'speedup_vs_fastest_hf')} the fastest HF setting ({best['fastest_hf']})")
     if args.json:
         write_results(results, args.json)
         print(f"written to {args.json}", file=sys.stderr)
@@ -334,7 +359,7 @@ def main(argv=None):
     _add_sampling_options(gen)
     ben = commands.add_parser("bench", help="benchmark AR, speculative (several K) and HF assisted generation")
     ben.add_argument("--suite", choices=["comparison", "ablation", "heads", "gpu", "profile", "family", "seq2seq",
-                                         "batch"],
+                                         "batch", "costs"],
                      default="comparison",
                      help="comparison: AR, speculative for each K, HF assisted (chapter 4); ablation: model "
                           "drafter, EGAG, NASD, prompt lookup (chapter 5); heads: the model drafter as a chain "
@@ -347,7 +372,16 @@ def main(argv=None):
                           "passages: the draft on the target's encoder at each K, a draft with its own encoder, "
                           "prompt lookup and HF assisted, greedy and sampled, written with --json (chapter 4b); "
                           "batch: batched AR, HF generate and speculative decoding at each K and with the "
-                          "batch-size policy, at each --batch-sizes, written with --json (chapter 7)")
+                          "batch-size policy, at each --batch-sizes, written with --json (chapter 7); "
+                          "costs: the real pairs of --pairs built from their shapes with random weights (nothing "
+                          "downloaded) and timed on this machine, static cache, CUDA graphs on a GPU: c, the "
+                          "target's cost on 1..K+1 positions for K up to the largest --ks, over --repeats rounds, "
+                          "and the speedup they predict for alpha 0.5..0.9, written with --json (chapter 3)")
+    ben.add_argument("--pairs", type=lambda text: _choices(text, PAIRS), default=None,
+                     help=f"--suite costs: the real pairs (default: {','.join(PAIRS)})")
+    ben.add_argument("--scale", type=_positive_int, default=None,
+                     help="--suite costs: divide every width of both models by this (1, 2, 4, 8, 16 or 32), "
+                          f"keeping their layers and heads (default: 1 on CUDA, {CPU_SCALE} elsewhere)")
     ben.add_argument("--batch-sizes", type=lambda text: [_positive_int(b) for b in text.split(",")],
                      default=[1, 2, 4, 8, 16, 32], help="--suite batch: the batch sizes (default: 1,2,4,8,16,32)")
     ben.add_argument("--prompts", choices=["open", "grounded", "both"], default="both")

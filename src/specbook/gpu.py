@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from .bench import (autoregressive, decode_latency, hugging_face_assisted, machine, measure_alpha, run_benchmark,
-                    speculative)
+from .bench import (autoregressive, decode_latency, fastest, hugging_face_assisted, machine, measure_alpha,
+                    run_benchmark, speculative, speedup_range)
 from .profile import copy_bandwidth
 from .sampling import Sampler
 
@@ -30,6 +30,14 @@ def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, r
     speculative row with Hugging Face at the same K; ``best`` the fastest speculative K with
     Hugging Face's fastest row. The pair's α (`measure_alpha`, on ``prompts``) and c (per-token
     latencies on the GPU path) say what was measured. `write_results` stores it as JSON.
+
+    Every median comes with the spread of the rounds (`run_benchmark`): ``ms_per_token_min`` and
+    ``_max`` from each prompt's fastest and slowest round, and each speedup's ``_min`` and ``_max``
+    the extremes of its per-round ratios (`specbook.bench.speedup_range`). ``best`` ranks only as
+    far as the spread allows: ``tied_ks`` lists the other speculative K whose ``speedup_vs_ar``
+    ranges overlap the best's, ``distinguishable`` says whether there are none (and more than one
+    round), and ``fastest_hf_tied`` does the same for Hugging Face's fastest row
+    (`specbook.bench.fastest`).
     """
     path = dict(cache="static", compile=compile)
     target, draft = pair.target, pair.draft
@@ -44,21 +52,26 @@ def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, r
         methods += [hugging_face_assisted(target, draft, sampler, max_new_tokens, k=k) for k in ks]
         measured = run_benchmark(methods, prompts, repeats, seed, progress, warm_every_prompt=compile)
         hf = {row["k"]: row for row in measured if row["method"].startswith("HF")}
-        fastest_hf = min(hf.values(), key=lambda row: row["seconds"])
+        fastest_hf, hf_tied, _ = fastest(list(hf.values()), "speedup", repeats)
         for row in measured:
-            speculative_row = row["method"].startswith("speculative")
+            against_hf = (_versus(hf[row["k"]], row, "speedup_vs_hf") if row["method"].startswith("speculative")
+                          else dict.fromkeys(("speedup_vs_hf", "speedup_vs_hf_min", "speedup_vs_hf_max")))
             rows.append({"sampling": sampling, "method": row["method"], "k": row["k"],
-                         "ms_per_token": row["ms_per_token"], "bandwidth_gb_s": row["bandwidth_gb_s"],
-                         "speedup_vs_ar": row["speedup"],
-                         "speedup_vs_hf": hf[row["k"]]["seconds"] / row["seconds"] if speculative_row else None,
-                         "tokens_per_call": or_none(row["tokens_per_call"]),
+                         "ms_per_token": row["ms_per_token"],
+                         "ms_per_token_min": 1000 * row["seconds_min"] / row["tokens"],
+                         "ms_per_token_max": 1000 * row["seconds_max"] / row["tokens"],
+                         "bandwidth_gb_s": row["bandwidth_gb_s"], "speedup_vs_ar": row["speedup"],
+                         "speedup_vs_ar_min": row["speedup_min"], "speedup_vs_ar_max": row["speedup_max"],
+                         **against_hf, "tokens_per_call": or_none(row["tokens_per_call"]),
                          "acceptance_rate": or_none(row["acceptance_rate"]),
                          "same_tokens_as_ar": row["same_tokens"]})
-        fastest = max((row for row in measured if row["method"].startswith("speculative")), key=lambda r: r["speedup"])
-        best[sampling] = {"k": fastest["k"], "speedup_vs_ar": fastest["speedup"],
-                          "speedup_vs_hf": hf[fastest["k"]]["seconds"] / fastest["seconds"],
-                          "speedup_vs_fastest_hf": fastest_hf["seconds"] / fastest["seconds"],
-                          "fastest_hf": fastest_hf["method"]}
+        top, tied, distinguishable = fastest([row for row in measured if row["method"].startswith("speculative")],
+                                             "speedup", repeats)
+        best[sampling] = {"k": top["k"], "speedup_vs_ar": top["speedup"], "speedup_vs_ar_min": top["speedup_min"],
+                          "speedup_vs_ar_max": top["speedup_max"], "tied_ks": [row["k"] for row in tied],
+                          "distinguishable": distinguishable, **_versus(hf[top["k"]], top, "speedup_vs_hf"),
+                          **_versus(fastest_hf, top, "speedup_vs_fastest_hf"),
+                          "fastest_hf": fastest_hf["method"], "fastest_hf_tied": [row["method"] for row in hf_tied]}
     latency = {name: decode_latency(model, prompts[0], max_new_tokens, repeats, **path)
                for name, model in (("target", target), ("draft", draft))}
     models = {"pair": pair.name, "alpha": measure_alpha(target, draft, prompts, seed=seed),
@@ -69,6 +82,14 @@ def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, r
                 "cache": "static", "compile": compile, "batch_size": 1}
     return {**environment(), "date": datetime.date.today().isoformat(), "models": models, "settings": settings,
             "best": best, "results": rows}
+
+
+def _versus(baseline, row, name) -> dict:
+    """``row``'s speedup over another `run_benchmark` row of the same run, with its range over the rounds, as
+    ``name``, ``name_min`` and ``name_max``."""
+    speedup = baseline["seconds"] / row["seconds"]
+    low, high = speedup_range(baseline["round_seconds"], row["round_seconds"], speedup)
+    return {name: speedup, f"{name}_min": low, f"{name}_max": high}
 
 
 def or_none(value):

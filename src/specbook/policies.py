@@ -213,7 +213,8 @@ class BatchSizeK(DraftLength):
     turns speculation off above a batch size (``disable_by_batch_size``); this policy keeps a K per
     batch size. ``k_by_batch`` maps a batch size to the K used from it on: {1: 4, 8: 2, 16: 0}
     drafts 4 tokens for 1 to 7 rows, 2 for 8 to 15, none from 16. `from_costs` fills it from costs
-    measured on the machine at hand.
+    measured on the machine at hand. The batch-of-one loop never reports a batch size: each generation
+    starts at one row (`start`), so a policy object's last batch does not leak into the next generation.
     """
 
     def __init__(self, k_by_batch: dict[int, int]):
@@ -226,6 +227,9 @@ class BatchSizeK(DraftLength):
         self.k_by_batch = dict(sorted(k_by_batch.items()))
         self.rows = 1
 
+    def start(self) -> None:
+        self.rows = 1  # until a batch says otherwise (`observe_batch`): the batch-of-one loop never does
+
     @classmethod
     def from_costs(cls, alpha: float, cost_ratio: dict[int, float], verify_ratio: dict[int, list[float]],
                    min_speedup: float = 1.2):
@@ -237,15 +241,29 @@ class BatchSizeK(DraftLength):
         The formula prices isolated calls; a fixed batch also pays for its tail of rows that finish late
         and for the hidden columns its calls read, which chapter 7 measures at 10 to 20% at large batches.
         So by default the policy speculates only where the formula promises 1.2x: ``min_speedup=1`` takes
-        the formula at its word."""
+        the formula at its word.
+
+        The measured batch sizes need not start at 1: below the smallest one, the policy drafts that one's K.
+        A smaller batch's verification is no dearer relative to a call on one position (r_B(K) grows with B),
+        so that K pays there at least as well; it is the measured choice, where a longer one would be a guess."""
         if not isinstance(min_speedup, (int, float)) or isinstance(min_speedup, bool) or not min_speedup >= 1:
             raise ValueError(f"min_speedup must be a number >= 1 (got {min_speedup!r})")
+        if not isinstance(verify_ratio, dict) or not verify_ratio:
+            raise ValueError(f"verify_ratio must be a non-empty dict from batch sizes to [ratio for K = 0 ... K_max] "
+                             f"(got {verify_ratio!r})")
+        for batch in verify_ratio:
+            check_integer("verify_ratio's batch sizes", batch, 1)
+        missing = [batch for batch in verify_ratio if batch not in cost_ratio]
+        if missing:
+            raise ValueError(f"cost_ratio must hold every batch size of verify_ratio (missing {missing})")
         table = {}
         for batch, ratios in verify_ratio.items():
             ks = range(1, len(ratios))
             gains = [batch_speedup(alpha, k, cost_ratio[batch], ratios[k]) for k in ks]
             best = max(gains, default=0.0)
             table[batch] = ks[gains.index(best)] if best > 1 and best >= min_speedup else 0
+        if 1 not in table:  # from one row on: the smallest measured batch size's K
+            table[1] = table[min(table)]
         return cls(table)
 
     def observe_batch(self, rows: int) -> None:
