@@ -5,6 +5,7 @@ import torch
 
 from specbook import Sampler, autoregressive_generate, load_pair, speculative_generate
 from specbook.models import assets_dir
+from specbook.packed import is_packed
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +22,19 @@ def test_loads_offline_quickly_in_eval_mode():
         assert next(model.parameters()).dtype == torch.float32
         assert model.device.type == "cpu"
     assert pair.name == "shakespeare"
+
+
+def test_the_cpu_target_is_packed_by_default_and_decodes_as_before(pair):
+    """load_pair packs a CPU target (the fast path of the README's calls); pack=False keeps Hugging Face's layers,
+    and greedy decoding on either gives the target's tokens (logits agree to float32 rounding)."""
+    plain = load_pair("shakespeare", pack=False)
+    assert is_packed(pair.target) and not is_packed(pair.draft) and not is_packed(plain.target)
+    prompt = pair.encode("ROMEO:\n")
+    reference = autoregressive_generate(plain.target, prompt, 24, Sampler(0)).token_ids
+    assert autoregressive_generate(pair.target, prompt, 24, Sampler(0)).token_ids == reference
+    assert speculative_generate(pair.target, pair.draft, prompt, 24, k=4, sampler=Sampler(0)).token_ids == reference
+    with pytest.raises(ValueError, match="pack_linears needs a model on the CPU in float32 or bfloat16"):
+        load_pair("shakespeare", dtype=torch.float16, pack=True)
 
 
 def test_the_draft_is_much_smaller_and_shares_the_vocabulary(pair):

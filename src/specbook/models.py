@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from .cache import attention_windows
+from .packed import can_pack, pack_linears
 
 BUILT_IN = ("shakespeare", "shakespeare-seq2seq")
 SHARED_ENCODER = ("shakespeare-seq2seq",)  # built-in pairs whose draft decodes from the target's encoder states
@@ -181,14 +182,21 @@ def load_model(name: str, part: str, device=None, dtype=None) -> torch.nn.Module
 
 
 def load_pair(name: str | None = None, *, target: str | None = None, draft: str | None = None,
-              device=None, dtype=None) -> ModelPair:
-    """Load a model pair in eval mode.
+              device=None, dtype=None, pack: bool | None = None) -> ModelPair:
+    """Load a model pair in eval mode, ready for the fast path.
 
     Either a built-in pair by ``name`` (``"shakespeare"``, ``"shakespeare-seq2seq"``), a pair that ``python -m specbook.train
     --out DIR`` wrote (``name=DIR``: a tokenizer, ``target/`` and ``draft/``), or two Hugging Face hub
     models by id or local directory (``target=``, ``draft=``). ``device`` defaults to the CPU;
     ``dtype`` to `default_dtype` of the device (float32 on the CPU; on a GPU bfloat16 where it is
     native, else float16).
+
+    ``pack``: on the CPU the target's linear layers are packed once for oneDNN (`specbook.packed`), so that
+    verifying K + 1 positions costs about what one does; by default wherever that applies (the CPU, float32
+    or bfloat16), at the price of a second copy of the target's linear weights in memory. ``pack=False``
+    keeps the model as Hugging Face loads it (to train it, or to compare). The draft stays as it is: its
+    weights stay in the CPU's cache between its calls. On a GPU the engine's static caches and CUDA
+    graphs are the fast path (`specbook.decoding`), and nothing is packed.
     """
     from transformers import AutoTokenizer
 
@@ -218,4 +226,8 @@ def load_pair(name: str | None = None, *, target: str | None = None, draft: str 
         if tokenizer.get_vocab() != draft_tokenizer.get_vocab():
             raise ValueError(f"target and draft must share a tokenizer: {target} and {draft} have different vocabularies")
     target_model, draft_model = (model.to(device).eval() for model in models)
+    if pack is None:
+        pack = can_pack(target_model)
+    if pack:
+        pack_linears(target_model)
     return ModelPair(target_model, draft_model, tokenizer, name)

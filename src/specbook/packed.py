@@ -66,3 +66,8 @@ def pack_linears(model: torch.nn.Module) -> torch.nn.Module:
             if type(child) is torch.nn.Linear:
                 setattr(module, name, PackedLinear(child))
     return model
+
+
+def is_packed(model: torch.nn.Module) -> bool:
+    """Whether any linear layer of ``model`` is a `PackedLinear` (`specbook.models.load_pair` packs a CPU target)."""
+    return any(isinstance(module, PackedLinear) for module in model.modules())
