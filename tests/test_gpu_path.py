@@ -201,7 +201,9 @@ def test_gpu_benchmark_writes_a_complete_results_file(models, device, tmp_path):
     for key in ("device", "driver", "torch", "transformers", "date", "models", "settings", "best", "results"):
         assert key in results
     assert set(results["best"]) == {"greedy", "temperature 1"}
-    assert {"alpha", "c", "target", "draft", "copy_bandwidth_gb_s"} <= set(results["models"])
+    assert {"alpha", "c", "target", "draft", "copy_bandwidth_gb_s", "host_profile"} <= set(results["models"])
+    assert results["models"]["host_profile"]["syncs_per_step"] > 0
+    assert set(results["settings"]["warmup_seconds"]) == {"greedy", "temperature 1"}
     assert results["models"]["copy_bandwidth_gb_s"] > 0
     greedy = [row for row in results["results"] if row["sampling"] == "greedy"]
     assert [row["method"] for row in greedy] == ["autoregressive", "autoregressive, eager", "speculative k=1",

@@ -76,7 +76,6 @@ def autoregressive(target, sampler, max_new_tokens, **path):
 
 def speculative(target, drafter, k, sampler, max_new_tokens, name=None, **path):
     """``drafter`` is a Drafter or a draft model; ``k`` an int or a draft-length policy; ``path`` as above."""
-    drafter = ModelDrafter(drafter) if isinstance(drafter, torch.nn.Module) and not path else drafter
     label = name or f"speculative k={k}"
 
     def run(input_ids, seed):

@@ -29,7 +29,7 @@ from .drafters import ModelDrafter
 from .gpu import gpu_benchmark, or_none, write_results
 from .heads import WITH_HEADS
 from .models import assets_dir, load_model, load_pair
-from .packed import can_pack, pack_linears
+from .packed import is_packed
 from .profile import copy_bandwidth, step_profile
 from .sampling import Sampler
 from .viz import render_trace
@@ -68,8 +68,10 @@ def _add_sampling_options(parser):
 
 
 def _load(args):
+    """The pair the options name; ``--no-pack`` (bench) keeps a CPU target unpacked (`load_pair` packs it)."""
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    return load_pair(args.pair, target=args.target, draft=args.draft, device=args.device, dtype=dtype)
+    pack = None if getattr(args, "pack", True) else False
+    return load_pair(args.pair, target=args.target, draft=args.draft, device=args.device, dtype=dtype, pack=pack)
 
 
 def _generate(pair, prompt, method, k, sampler, max_new_tokens, seed):
@@ -127,9 +129,7 @@ def bench(args):
                          f"a Hugging Face pair); {pair.name} is decoder-only")
     if args.suite == "gpu":
         return _gpu_bench(pair, args)
-    packed = args.pack and can_pack(pair.target)
-    if packed:  # the target only, for every method alike: the draft's weights stay in the cache (specbook.packed)
-        pack_linears(pair.target)
+    packed = is_packed(pair.target)  # by load_pair: the target only, for every method alike (specbook.packed)
     if args.suite == "profile":
         return _profile(pair, args, packed)
     if args.suite == "family":
@@ -217,7 +217,8 @@ def _family_bench(pair, args, packed):
                 kept = ("k", "tokens_per_call", "acceptance_rate", "positions_per_call", "ms_per_token",
                         "draft_calls_per_token")
                 rows.append({"method": row["method"], "category": category, "sampling": sampling,
-                             "speedup_vs_ar": row["speedup"],
+                             "speedup_vs_ar": row["speedup"], "speedup_vs_ar_min": row["speedup_min"],
+                             "speedup_vs_ar_max": row["speedup_max"],
                              "same_tokens": row["same_tokens"] if sampling == "greedy" else None,
                              **{key: row[key] for key in kept}})
     table = pd.DataFrame(rows)
@@ -255,7 +256,8 @@ def _seq2seq_bench(pair, args, packed):
             if sampling == "greedy" and not row["same_tokens"]:
                 raise AssertionError(f"{row['method']} changed the greedy output")
             rows.append({"method": row["method"], "sampling": sampling, "k": row["k"],
-                         "speedup_vs_ar": row["speedup"], "same_tokens": row["same_tokens"] if sampling == "greedy"
+                         "speedup_vs_ar": row["speedup"], "speedup_vs_ar_min": row["speedup_min"],
+                         "speedup_vs_ar_max": row["speedup_max"], "same_tokens": row["same_tokens"] if sampling == "greedy"
                          else None, **{key: row[key] for key in ("tokens_per_call", "acceptance_rate", "ms_per_token",
                                                                  "tokens")}})
     table = pd.DataFrame(rows)
@@ -399,9 +401,11 @@ def main(argv=None):
     ben.add_argument("--json", help="--suite gpu, family, seq2seq and batch: write the results file (JSON) here")
     ben.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
                      help="pack the target's linear layers once for oneDNN, for every method alike, where the "
-                          "target is on the CPU (specbook.packed; default: yes)")
-    ben.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                     help="--suite gpu: compile the decode steps (CUDA graphs on a GPU; default: yes)")
+                          "target is on the CPU (load_pair's default, specbook.packed; --no-pack to compare)")
+    ben.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                     help="--suite gpu: Inductor's fused kernels inside the GPU path's CUDA graphs (a compilation "
+                          "per input length on first use; default: no, the models' own kernels, captured in a "
+                          "second)")
     _add_model_options(ben)
     _add_sampling_options(ben)
     cha = commands.add_parser("chat", help="an interactive loop; /help inside lists the commands")

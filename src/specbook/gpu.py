@@ -12,24 +12,27 @@ from pathlib import Path
 
 import torch
 
-from .bench import (autoregressive, decode_latency, fastest, hugging_face_assisted, machine, measure_alpha,
+from .bench import (_clock, autoregressive, decode_latency, fastest, hugging_face_assisted, machine, measure_alpha,
                     run_benchmark, speculative, speedup_range)
-from .profile import copy_bandwidth
+from .profile import copy_bandwidth, host_profile
 from .sampling import Sampler
 
 
 def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, repeats=5, temperatures=(0.0, 1.0),
-                  compile=True, seed=0, progress=True) -> dict:
+                  compile=False, seed=0, progress=True) -> dict:
     """Speculative decoding on the GPU path against autoregressive decoding and Hugging Face, as a results dict.
 
     For each temperature (0 is greedy), on the same ``prompts`` ((1, T) tensors on the pair's device)
-    and in one run: autoregressive decoding on the GPU path (static cache, compiled steps when
-    ``compile``: the baseline, ``speedup_vs_ar``), the same without the GPU path (eager, dynamic
-    cache), speculative decoding on the GPU path for each K, and Hugging Face's assisted generation
+    and in one run: autoregressive decoding on the GPU path (static cache, every decode call a replayed
+    CUDA graph, Inductor's kernels inside with ``compile``: the baseline, ``speedup_vs_ar``), the same
+    without the GPU path (eager, dynamic cache), speculative decoding on the GPU path for each K, and
+    Hugging Face's assisted generation
     with its own draft-length schedule and with each fixed K. ``speedup_vs_hf`` compares a
     speculative row with Hugging Face at the same K; ``best`` the fastest speculative K with
     Hugging Face's fastest row. The pair's α (`measure_alpha`, on ``prompts``) and c (per-token
-    latencies on the GPU path) say what was measured. `write_results` stores it as JSON.
+    latencies on the GPU path) say what was measured, `specbook.profile.host_profile` what the host does
+    per call at the greedy best K, and ``settings["warmup_seconds"]`` what the GPU path's first runs
+    (capturing every graph, compiling with ``compile``) took. `write_results` stores it as JSON.
 
     Every median comes with the spread of the rounds (`run_benchmark`): ``ms_per_token_min`` and
     ``_max`` from each prompt's fastest and slowest round, and each speedup's ``_min`` and ``_max``
@@ -41,16 +44,21 @@ def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, r
     """
     path = dict(cache="static", compile=compile)
     target, draft = pair.target, pair.draft
-    rows, best = [], {}
+    rows, best, warmup = [], {}, {}
     for temperature in temperatures:
         sampler, sampling = Sampler(temperature), "greedy" if temperature == 0 else f"temperature {temperature:g}"
-        eager = autoregressive(target, sampler, max_new_tokens)
+        eager = autoregressive(target, sampler, max_new_tokens, cache="dynamic")
         eager.name = "autoregressive, eager"
-        methods = [autoregressive(target, sampler, max_new_tokens, **path), eager]
-        methods += [speculative(target, draft, k, sampler, max_new_tokens, **path) for k in ks]
-        methods += [hugging_face_assisted(target, draft, sampler, max_new_tokens)]
+        fast = [autoregressive(target, sampler, max_new_tokens, **path)]
+        fast += [speculative(target, draft, k, sampler, max_new_tokens, **path) for k in ks]
+        started = _clock()
+        for method in fast:  # the first runs capture every graph (and compile): timed on their own
+            for input_ids in prompts:
+                method.run(input_ids, seed)
+        warmup[sampling] = _clock() - started
+        methods = [fast[0], eager, *fast[1:], hugging_face_assisted(target, draft, sampler, max_new_tokens)]
         methods += [hugging_face_assisted(target, draft, sampler, max_new_tokens, k=k) for k in ks]
-        measured = run_benchmark(methods, prompts, repeats, seed, progress, warm_every_prompt=compile)
+        measured = run_benchmark(methods, prompts, repeats, seed, progress, warm_every_prompt=True)
         hf = {row["k"]: row for row in measured if row["method"].startswith("HF")}
         fastest_hf, hf_tied, _ = fastest(list(hf.values()), "speedup", repeats)
         for row in measured:
@@ -74,12 +82,15 @@ def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, r
                           "fastest_hf": fastest_hf["method"], "fastest_hf_tied": [row["method"] for row in hf_tied]}
     latency = {name: decode_latency(model, prompts[0], max_new_tokens, repeats, **path)
                for name, model in (("target", target), ("draft", draft))}
-    models = {"pair": pair.name, "alpha": measure_alpha(target, draft, prompts, seed=seed),
+    host = host_profile(target, draft, prompts[0], best["greedy"]["k"] if "greedy" in best else max(ks),
+                        max_new_tokens, Sampler(0), seed, **path)
+    models = {"pair": pair.name, "alpha": measure_alpha(target, draft, prompts, seed=seed), "host_profile": host,
               "copy_bandwidth_gb_s": copy_bandwidth(target.device),
               "c": latency["draft"] / latency["target"],
               **{name: _describe(model, latency[name]) for name, model in (("target", target), ("draft", draft))}}
     settings = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "repeats": repeats, "ks": list(ks),
-                "cache": "static", "compile": compile, "batch_size": 1}
+                "cache": "static", "cuda_graphs": target.device.type == "cuda", "compile": compile, "batch_size": 1,
+                "warmup_seconds": warmup}
     return {**environment(), "date": datetime.date.today().isoformat(), "models": models, "settings": settings,
             "best": best, "results": rows}
 
