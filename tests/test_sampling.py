@@ -54,3 +54,22 @@ def test_samples_follow_the_warped_distribution():
 def test_bad_settings_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Sampler(**kwargs)
+
+
+@pytest.mark.parametrize("race", [False, True], ids=["multinomial", "exponential race"])
+def test_draw_follows_the_probabilities(race):
+    """Both ways of drawing (the exponential race is what a GPU uses) follow p in a chi-square test; a race
+    that multiplies by the noise instead of dividing (the classic slip) does not."""
+    from scipy.stats import chisquare
+
+    from specbook.sampling import draw
+
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    generator = torch.Generator().manual_seed(0)
+    samples = draw(probs.expand(20000, 5), generator, race=race)
+    counts = torch.bincount(samples, minlength=5).double()
+    assert counts[4] == 0  # a zero probability is never drawn
+    assert chisquare(counts[:4].numpy(), (probs[:4] * 20000).double().numpy()).pvalue > 1e-3
+    noise = torch.empty(20000, 5).exponential_(generator=generator)
+    broken = torch.bincount((probs * noise).argmax(-1), minlength=5).double()
+    assert chisquare(broken[:4].numpy(), (probs[:4] * 20000).double().numpy()).pvalue < 1e-6

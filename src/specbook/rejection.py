@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 import torch
 
+from .sampling import draw
+
 CORRECTIONS = ("residual", "target")
 
 
@@ -205,7 +207,7 @@ def chain_outcome(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_
     num_accepted = (uniforms < accept_probs).long().cumprod(0).sum()  # (): the leading run of accepts
     next_probs = torch.cat([residual_distribution(target_probs[:k], draft_probs, validate=False),
                             target_probs[k:]])  # (K + 1, vocab): where each position's next token comes from
-    candidates = torch.multinomial(next_probs, 1, generator=generator)[:, 0]  # (K + 1,)
+    candidates = draw(next_probs, generator)  # (K + 1,)
     return torch.stack([num_accepted, candidates[num_accepted]])
 
 

@@ -59,11 +59,10 @@ class Sampler:
         return self.warp(logits).softmax(-1)
 
     def sample(self, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """One token per row of ``probs`` (..., vocab) -> (...) token ids."""
+        """One token per row of ``probs`` (..., vocab) -> (...) token ids (`draw`)."""
         if self.greedy:
             return probs.argmax(-1)
-        flat = probs.reshape(-1, probs.shape[-1])
-        return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+        return draw(probs, generator)
 
     def sample_rows(self, probs: torch.Tensor, generators: list, active: list[bool]) -> torch.Tensor:
         """One token per row of a batch, ``probs`` (B, vocab) -> (B,), row b drawn from its own stream
@@ -74,6 +73,25 @@ class Sampler:
             for row in (row for row, on in enumerate(active) if on):
                 tokens[row] = self.sample(probs[row], generators[row])
         return tokens
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None, race: bool | None = None) -> torch.Tensor:
+    """One index per row of ``probs`` (..., n) -> (...), drawn with the row's probabilities.
+
+    On a CPU, ``torch.multinomial``. On a GPU (or with ``race=True``) the exponential race: with
+    E_1, ..., E_n independent Exp(1), the index of the largest p_i / E_i is i with probability p_i (the
+    E_i / p_i are exponentials of rates p_i, and the first of them to arrive is i with probability
+    p_i / sum p). The same distribution, drawn without the host: ``torch.multinomial`` checks its input
+    on the host, a wait for the GPU at every draw (pytorch/pytorch#108968), and cannot be captured in
+    a CUDA graph. The two consume the random stream differently, so a seed gives other tokens on a GPU.
+    """
+    if race is None:
+        race = probs.device.type == "cuda"
+    if not race:
+        flat = probs.reshape(-1, probs.shape[-1])
+        return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    noise = torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)  # (..., n)
+    return torch.where(probs > 0, probs / noise, -1.0).argmax(-1)  # a zero p never wins, even against E = 0
 
 
 def make_generator(seed: int | None, device) -> torch.Generator | None:

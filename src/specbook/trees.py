@@ -36,6 +36,7 @@ import torch
 from .masks import attention_inputs
 from .policies import check_integer
 from .rejection import _accept_probs, check_distribution, residual_distribution
+from .sampling import draw
 
 
 def check_parents(parents: Sequence[int] | torch.Tensor, name: str = "parents") -> list[int]:
@@ -317,5 +318,5 @@ def verify_tree(tokens: torch.Tensor, parents, draft_probs: torch.Tensor, target
                 break
             target = residual_distribution(target, draft_probs[child], validate=False)  # (vocab,)
         else:  # no child accepted (or a leaf): the next token comes from the current q
-            next_token = int(torch.multinomial(target, 1, generator=generator))
+            next_token = int(draw(target, generator))
             return TreeVerification(path, next_token, not children[row])
