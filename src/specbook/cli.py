@@ -187,12 +187,19 @@ def _gpu_bench(pair, args):
     """The GPU benchmark (`specbook.gpu.gpu_benchmark`), greedy and at temperature 1, written as JSON."""
     prompts = [pair.encode(text) for text in PROMPT_SETS["open" if args.prompts == "both" else args.prompts]]
     results = gpu_benchmark(pair, prompts, args.ks, args.max_new_tokens, args.repeats, compile=args.compile,
-                            seed=args.seed)
+                            seed=args.seed, hf=args.hf)
+    models, settings = results["models"], results["settings"]
+    host = models["host_profile"]
+    print(f"{results['device']}, {pair.name} in {models['target']['dtype']}: c = {models['c']:.3f}; first runs "
+          f"(capture{', compilation' if settings['compile'] else ''}) {settings['warmup_seconds']['greedy']:.1f} s; "
+          f"host per call: target {host['target_host_us_per_call']:.0f} us, draft "
+          f"{host['draft_host_us_per_call']:.0f} us; {host['syncs_per_step']:.2f} syncs per step")
     for sampling, best in results["best"].items():
         tied = tie_text([f"k={k}" for k in best["tied_ks"]], best["distinguishable"])
-        print(f"{sampling}: best k={best['k']} ({tied}), {spread_of(best, 'speedup_vs_ar')} autoregressive, "
-              f"{spread_of(best, 'speedup_vs_hf')} HF assisted at the same k, "
-              f"{spread_of(best, 'speedup_vs_fastest_hf')} the fastest HF setting ({best['fastest_hf']})")
+        hf = (f", {spread_of(best, 'speedup_vs_hf')} HF assisted at the same k, "
+              f"{spread_of(best, 'speedup_vs_fastest_hf')} the fastest HF setting ({best['fastest_hf']})"
+              if best["fastest_hf"] else "")
+        print(f"{sampling}: best k={best['k']} ({tied}), {spread_of(best, 'speedup_vs_ar')} autoregressive{hf}")
     if args.json:
         write_results(results, args.json)
         print(f"written to {args.json}", file=sys.stderr)

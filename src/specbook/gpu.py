@@ -19,7 +19,7 @@ from .sampling import Sampler
 
 
 def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, repeats=5, temperatures=(0.0, 1.0),
-                  compile=False, seed=0, progress=True) -> dict:
+                  compile=False, seed=0, progress=True, hf=True) -> dict:
     """Speculative decoding on the GPU path against autoregressive decoding and Hugging Face, as a results dict.
 
     For each temperature (0 is greedy), on the same ``prompts`` ((1, T) tensors on the pair's device)
@@ -27,7 +27,7 @@ def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, r
     CUDA graph, Inductor's kernels inside with ``compile``: the baseline, ``speedup_vs_ar``), the same
     without the GPU path (eager, dynamic cache), speculative decoding on the GPU path for each K, and
     Hugging Face's assisted generation
-    with its own draft-length schedule and with each fixed K. ``speedup_vs_hf`` compares a
+    with its own draft-length schedule and with each fixed K (``hf=False`` leaves it out). ``speedup_vs_hf`` compares a
     speculative row with Hugging Face at the same K; ``best`` the fastest speculative K with
     Hugging Face's fastest row. The pair's α (`measure_alpha`, on ``prompts``) and c (per-token
     latencies on the GPU path) say what was measured, `specbook.profile.host_profile` what the host does
@@ -56,14 +56,20 @@ def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, r
             for input_ids in prompts:
                 method.run(input_ids, seed)
         warmup[sampling] = _clock() - started
-        methods = [fast[0], eager, *fast[1:], hugging_face_assisted(target, draft, sampler, max_new_tokens)]
-        methods += [hugging_face_assisted(target, draft, sampler, max_new_tokens, k=k) for k in ks]
+        methods = [fast[0], eager, *fast[1:]]
+        if hf:
+            methods += [hugging_face_assisted(target, draft, sampler, max_new_tokens)]
+            methods += [hugging_face_assisted(target, draft, sampler, max_new_tokens, k=k) for k in ks]
         measured = run_benchmark(methods, prompts, repeats, seed, progress, warm_every_prompt=True)
-        hf = {row["k"]: row for row in measured if row["method"].startswith("HF")}
-        fastest_hf, hf_tied, _ = fastest(list(hf.values()), "speedup", repeats)
+        hf_rows = {row["k"]: row for row in measured if row["method"].startswith("HF")}
+        fastest_hf, hf_tied, _ = fastest(list(hf_rows.values()), "speedup", repeats) if hf else (None, [], False)
+
+        def against(row, name, other):
+            return _versus(other, row, name) if other is not None else dict.fromkeys((name, f"{name}_min",
+                                                                                       f"{name}_max"))
         for row in measured:
-            against_hf = (_versus(hf[row["k"]], row, "speedup_vs_hf") if row["method"].startswith("speculative")
-                          else dict.fromkeys(("speedup_vs_hf", "speedup_vs_hf_min", "speedup_vs_hf_max")))
+            speculative_row = row["method"].startswith("speculative")
+            against_hf = against(row, "speedup_vs_hf", hf_rows.get(row["k"]) if speculative_row else None)
             rows.append({"sampling": sampling, "method": row["method"], "k": row["k"],
                          "ms_per_token": row["ms_per_token"],
                          "ms_per_token_min": 1000 * row["seconds_min"] / row["tokens"],
@@ -77,9 +83,10 @@ def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, r
                                              "speedup", repeats)
         best[sampling] = {"k": top["k"], "speedup_vs_ar": top["speedup"], "speedup_vs_ar_min": top["speedup_min"],
                           "speedup_vs_ar_max": top["speedup_max"], "tied_ks": [row["k"] for row in tied],
-                          "distinguishable": distinguishable, **_versus(hf[top["k"]], top, "speedup_vs_hf"),
-                          **_versus(fastest_hf, top, "speedup_vs_fastest_hf"),
-                          "fastest_hf": fastest_hf["method"], "fastest_hf_tied": [row["method"] for row in hf_tied]}
+                          "distinguishable": distinguishable, **against(top, "speedup_vs_hf", hf_rows.get(top["k"])),
+                          **against(top, "speedup_vs_fastest_hf", fastest_hf),
+                          "fastest_hf": fastest_hf["method"] if hf else None,
+                          "fastest_hf_tied": [row["method"] for row in hf_tied]}
     latency = {name: decode_latency(model, prompts[0], max_new_tokens, repeats, **path)
                for name, model in (("target", target), ("draft", draft))}
     host = host_profile(target, draft, prompts[0], best["greedy"]["k"] if "greedy" in best else max(ks),
