@@ -166,10 +166,15 @@ def test_drafting_never_waits_for_the_gpu():
     """K draft steps with a static cache are queued without one host-device synchronisation."""
     drafter = ModelDrafter(tiny_model(hidden_size=16, num_layers=1, seed=1).cuda(), cache="static")
     drafter.start(prompt_on("cuda"))
+    generator = torch.Generator("cuda").manual_seed(0)
+    drafter.propose(5, Sampler(1.0), generator)  # the first calls capture the graphs (a warm-up may wait)
+    drafter.update(5, 7)
+    drafter.propose(5, Sampler(1.0), generator)  # a pending pair of tokens: its graph too
+    drafter.update(2, 7)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        draft_out = drafter.propose(5, Sampler(1.0), torch.Generator("cuda").manual_seed(0))
+        draft_out = drafter.propose(5, Sampler(1.0), generator)
         drafter.update(2, 7)
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -208,7 +208,8 @@ def chain_outcome(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_
     next_probs = torch.cat([residual_distribution(target_probs[:k], draft_probs, validate=False),
                             target_probs[k:]])  # (K + 1, vocab): where each position's next token comes from
     candidates = draw(next_probs, generator)  # (K + 1,)
-    return torch.stack([num_accepted, candidates[num_accepted]])
+    # gather, not candidates[num_accepted]: indexing by a tensor scalar reads it on the host (a sync)
+    return torch.cat([num_accepted.view(1), candidates.gather(0, num_accepted.view(1))])
 
 
 def verify_chain_greedy(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> Verification:
@@ -232,5 +233,5 @@ def chain_outcome_greedy(draft_tokens: torch.Tensor, target_tokens: torch.Tensor
     """`verify_chain_greedy`'s decision left on the device: a (2,) tensor [number accepted, next token]."""
     k = draft_tokens.shape[0]
     matches = draft_tokens.to(target_tokens.device, torch.long) == target_tokens[:k]  # (K,)
-    num_accepted = matches.long().cumprod(0).sum()  # (): the leading run of matches
-    return torch.stack([num_accepted, target_tokens[num_accepted]])
+    num_accepted = matches.long().cumprod(0).sum().view(1)  # (1,): the leading run of matches
+    return torch.cat([num_accepted, target_tokens.gather(0, num_accepted)])
