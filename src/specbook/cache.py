@@ -8,7 +8,8 @@ forget the ones the target rejected. Rolling back never recomputes the prefix. T
 - a static cache (`transformers.StaticCache`, for GPUs) is allocated once for the whole
   generation; every layer keeps a length pointer on the device, and rolling back moves the
   pointer back: nothing is copied, and the next tokens overwrite the forgotten ones. Keys beyond
-  a query's position are hidden by the causal mask, so what lies past the pointer is never read.
+  a query's position get zero weight from the causal mask (attention still reads the whole buffer:
+  the engine sizes it to the generation, in blocks, `decoding.STATIC_BLOCK`).
   Fixed shapes and a pointer on the device are what lets a decode step be replayed as a CUDA graph
   (`specbook.graphs`).
 

@@ -159,7 +159,9 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
     """What the host does per call in a speculative generation of ``input_ids`` (1, T): a dict with
 
     - ``steps`` and ``draft_calls`` of the generation;
-    - ``syncs_per_step``: conversions of tensors to Python values per step (`host_reads`);
+    - ``syncs_per_step``: conversions of tensors to Python values per step (`host_reads`) made by the engine and
+      the drafter, outside the target's calls, and ``syncs_in_calls_per_step`` those made inside them (Hugging
+      Face's eager code reads a static cache's length; a replayed graph or a compiled call does not);
     - ``target_host_us_per_call`` and ``draft_host_us_per_call``: the host's microseconds from a decode call's
       start to its return (the target's verification calls, the drafter's ``propose`` per draft call), the
       prompt's call excluded. On a GPU the host does not wait for the device inside them (it waits once a
@@ -174,7 +176,7 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
     """
     if isinstance(drafter, torch.nn.Module):
         drafter = ModelDrafter(drafter, **path)
-    operators, seconds, calls = _Operators(), Counter(), Counter()
+    operators, seconds, calls, inside = _Operators(), Counter(), Counter(), Counter()  # inside: reads in the calls
     forward, propose = decoding._target_forward, drafter.propose
     first = [True]  # the run's first target call reads the prompt (unless the drafter prefilled it)
 
@@ -185,6 +187,8 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
                 return function(*args, **kwargs)
             first[0] = False
             outer, operators.part = operators.part, part
+            reads = counting.get("reads")
+            read = sum(reads.values()) if reads is not None else 0
             started = time.perf_counter()
             try:
                 if path.get("compile"):  # compiled code refuses to run under a counting mode
@@ -195,6 +199,8 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
                 seconds[part] += time.perf_counter() - started
                 calls[part] += 1
                 operators.part = outer
+                if reads is not None and part == "target":
+                    inside["reads"] += sum(reads.values()) - read
         return call
 
     def run():
@@ -202,16 +208,21 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
         return speculative_generate(target, drafter, input_ids, max_new_tokens, k, sampler, seed, **path)
 
     run()
+    counting = {}  # the counter of host reads while the counted run lasts
     with ExitStack() as patches:
         patches.enter_context(mock.patch.object(decoding, "_target_forward", timed("target", forward)))
         patches.enter_context(mock.patch.object(drafter, "propose", timed("draft", propose)))
         with host_reads() as reads, operators:
+            counting["reads"] = reads
             generation = run()
+        counting.clear()
         target_calls, counts = calls["target"], dict(operators.counts)
         seconds.clear()
         run()
     steps, draft_calls, compiled = len(generation.steps), generation.stats.draft_calls, bool(path.get("compile"))
-    return {"steps": steps, "draft_calls": draft_calls, "syncs_per_step": sum(reads.values()) / steps,
+    return {"steps": steps, "draft_calls": draft_calls,
+            "syncs_per_step": (sum(reads.values()) - inside["reads"]) / steps,
+            "syncs_in_calls_per_step": inside["reads"] / steps,
             "target_host_us_per_call": 1e6 * seconds["target"] / max(target_calls, 1),
             "draft_host_us_per_call": 1e6 * seconds["draft"] / max(draft_calls, 1),
             "operators_per_step_outside_calls": counts.get("outside", 0) / steps,
