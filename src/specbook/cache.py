@@ -106,8 +106,9 @@ def rollback(cache, num_tokens: int) -> None:
             if type(layer) is not StaticLayer:
                 raise ValueError(f"rollback needs full-length StaticLayer cache layers (got {type(layer).__name__}): "
                                  "make the cache with specbook.cache.new_cache")
-            if layer.is_initialized:
-                layer.cumulative_length.sub_(num_tokens)  # a device scalar: no copy, no sync
+        pointers = [layer.cumulative_length for layer in cache.layers if layer.is_initialized]  # device scalars
+        if pointers:
+            torch._foreach_sub_(pointers, num_tokens)  # every layer's pointer in one kernel: no copy, no sync
     else:
         cache.crop(-num_tokens)
 

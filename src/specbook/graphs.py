@@ -88,9 +88,9 @@ class StaticModel:
 
     def start(self):
         """The cache, emptied for a new generation: every layer's length pointer back to zero, in place."""
-        for layer in self.cache.layers:
-            if layer.is_initialized:
-                layer.cumulative_length.zero_()
+        pointers = [layer.cumulative_length for layer in self.cache.layers if layer.is_initialized]
+        if pointers:
+            torch._foreach_zero_(pointers)  # one kernel for every layer
         return self.cache
 
     def _call(self, input_ids, features):
