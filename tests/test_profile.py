@@ -2,12 +2,12 @@ import pytest
 import torch
 
 from specbook import decoding
-from specbook.bench import (autoregressive, decode_latency, fastest, run_benchmark, speculative, speedup_range,
-                            spread_text)
+from specbook.bench import autoregressive, decode_latency, run_benchmark, speculative
 from specbook.drafters import ModelDrafter, TopKTreeDrafter
 from specbook.models import weight_bytes
 from specbook.profile import PARTS, copy_bandwidth, step_profile
 from specbook.sampling import Sampler
+from specbook.spread import fastest, speedup_range, spread_text
 
 from support import tiny_model
 

@@ -27,12 +27,12 @@ import statistics
 import torch
 from tqdm.auto import tqdm
 
-from .bench import (INPUT_GROUNDED, OPEN_ENDED, REPETITIVE, _clock, fastest, generate_options, machine, show_spreads,
-                    speedup_range, spread_of, tie_text)
+from .bench import INPUT_GROUNDED, OPEN_ENDED, REPETITIVE, _clock, generate_options, machine
 from .decoding import autoregressive_generate, speculative_generate
 from .models import assets_dir
 from .policies import BatchSizeK, check_integer
 from .ragged import RaggedCache
+from .spread import fastest, show_spreads, speedup_range, spread_of, tie_text
 from .theory import batch_speedup
 
 COST_ROUNDS = 15  # rounds of call_costs in the batch suite, at least

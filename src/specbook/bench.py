@@ -4,8 +4,11 @@ Every method runs on every prompt ``repeats`` times, in interleaved rounds; a me
 prompt is the median of its rounds, and its speed is the total of those medians. Speedups are
 ratios of times measured in the same run, against autoregressive decoding of the same target (and
 against Hugging Face's ``generate(assistant_model=...)``), never against numbers from another run.
-Every time and speedup comes with the spread of its rounds (`speedup_range`), and a "fastest"
-method is named only with the methods its spread cannot tell it from (`fastest`).
+Every time and speedup comes with the spread of its rounds (`specbook.spread.speedup_range`), and a
+"fastest" method is named only with the methods its spread cannot tell it from (`specbook.spread.fastest`).
+
+Long because it holds the method list of every chapter's table beside the runner that times them and the
+measurements the chapters read next to it (alpha, per-token latency).
 """
 
 import platform
@@ -23,6 +26,7 @@ from .models import weight_bytes
 from .policies import check_integer
 from .records import acceptance_rate
 from .sampling import Sampler
+from .spread import speedup_range
 from .trees import TreeSpec
 
 # Two prompt sets: open-ended (the model must invent) and input-grounded (the continuation repeats the prompt).
@@ -319,61 +323,6 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
                                                                row["speedup"])
         row["same_tokens"] = method_outputs == outputs[0]
     return rows
-
-
-def speedup_range(baseline_rounds, method_rounds, speedup) -> tuple[float, float]:
-    """The spread of a speedup: the lowest and highest of the per-round speedups, the baseline's time in
-    round r over the method's in the same round r (both measured in that round, by the same machine in the
-    same state), widened to hold ``speedup``, the ratio of the medians: taken prompt by prompt (or over an
-    even number of rounds), a median need not lie between the rounds' extremes."""
-    if len(baseline_rounds) != len(method_rounds) or not method_rounds:
-        raise ValueError(f"baseline_rounds and method_rounds must be the same, non-zero number of rounds (got "
-                         f"{len(baseline_rounds)} and {len(method_rounds)})")
-    ratios = [baseline / seconds for baseline, seconds in zip(baseline_rounds, method_rounds)] + [speedup]
-    return min(ratios), max(ratios)
-
-
-def fastest(rows, key="speedup", repeats=2) -> tuple[dict, list[dict], bool]:
-    """The row of ``rows`` with the highest ``key`` (a speedup, with its range ``key_min``..``key_max``), the
-    other rows tied with it, and whether it is distinguishable from them.
-
-    A row is tied with the fastest when their ranges overlap (its ``key_max`` reaches the fastest's
-    ``key_min``): in this run either could be the faster. The fastest is distinguishable when no row is tied
-    with it and there was more than one round (``repeats``): one round measures no spread at all. A row
-    without the range (a results file older than the columns) counts as its ``key`` alone."""
-    best = max(rows, key=lambda row: row[key])
-    low = best.get(f"{key}_min", best[key])
-    tied = [row for row in rows if row is not best and row.get(f"{key}_max", row[key]) >= low]
-    return best, tied, not tied and repeats > 1
-
-
-def spread_text(value, low=None, high=None, unit="x", digits=2) -> str:
-    """A median with the range of its rounds, for tables: '1.82x (1.75-1.90)'; just '1.82x' without a range."""
-    text = f"{value:.{digits}f}{unit}"
-    if low is None or high is None or low != low or high != high:  # none, or NaN in a table
-        return text
-    return f"{text} ({low:.{digits}f}-{high:.{digits}f})"
-
-
-def spread_of(row, key, unit="x", digits=2) -> str:
-    """`spread_text` of ``row[key]`` with ``row[key_min]`` and ``row[key_max]``, where the row has them."""
-    return spread_text(row[key], row.get(f"{key}_min"), row.get(f"{key}_max"), unit, digits)
-
-
-def tie_text(tied, distinguishable) -> str:
-    """How the fastest row stands, in words, from `fastest`'s answer (``tied``: the names of the rows tied)."""
-    if tied:
-        return f"tied within the spread with {', '.join(map(str, tied))}"
-    return "ahead of the rest beyond the spread" if distinguishable else "one round: no spread to rank by"
-
-
-def show_spreads(table, columns, unit="x", digits=2):
-    """A copy of the data frame ``table`` for printing, each column c of ``columns`` as `spread_of` c (its
-    c_min and c_max dropped)."""
-    shown = table.copy()
-    for column in columns:
-        shown[column] = [spread_of(row, column, unit, digits) for row in table.to_dict("records")]
-    return shown.drop(columns=[f"{c}_{end}" for c in columns for end in ("min", "max") if f"{c}_{end}" in shown])
 
 
 def _mean(values):

@@ -11,6 +11,9 @@
     python -m specbook bench --suite batch --batch-sizes 1,2,4,8,16,32 --json results/batch.json
     python -m specbook bench --suite costs --device cuda --ks 8 --repeats 20 --json results/costs.json
     python -m specbook chat
+
+Long because every subcommand's options and each bench suite's few lines of running and printing read
+best side by side, one suite after another.
 """
 
 import argparse
@@ -20,10 +23,10 @@ import sys
 import torch
 
 from .batch_bench import batch_suite, report
+from .bench import (CATEGORIES, PROMPT_SETS, ablation, comparison, encoder_decoder, family, heads_and_trees, machine,
+                    run_benchmark)
 from .costs import CPU_SCALE, PAIRS, cost_probe
 from .costs import report as costs_report
-from .bench import (CATEGORIES, PROMPT_SETS, ablation, comparison, encoder_decoder, family, heads_and_trees, machine,
-                    run_benchmark, show_spreads, spread_of, tie_text)
 from .decoding import autoregressive_generate, speculative_generate
 from .drafters import ModelDrafter
 from .gpu import gpu_benchmark, or_none, write_results
@@ -32,6 +35,7 @@ from .models import assets_dir, load_model, load_pair
 from .packed import is_packed
 from .profile import copy_bandwidth, step_profile
 from .sampling import Sampler
+from .spread import show_spreads, spread_of, tie_text
 from .viz import render_trace
 
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import torch
 
-from .bench import (_clock, autoregressive, decode_latency, fastest, hugging_face_assisted, machine, measure_alpha,
-                    run_benchmark, speculative, speedup_range)
+from .bench import (_clock, autoregressive, decode_latency, hugging_face_assisted, machine, measure_alpha, run_benchmark,
+                    speculative)
 from .profile import copy_bandwidth, host_profile
 from .sampling import Sampler
+from .spread import fastest, speedup_range
 
 
 def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, repeats=5, temperatures=(0.0, 1.0),
