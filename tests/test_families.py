@@ -2,7 +2,7 @@
 
 For each family of `families` (tiny random models from Hugging Face configs), greedy decoding by
 every method equals the target's own ``generate(do_sample=False)`` token for token: autoregressive
-decoding, a draft model's chain, a draft model's token tree, prompt lookup, lookahead decoding, the static cache (and its calls replayed as graphs),
+decoding, a draft model's chain, a draft model's token tree, prompt lookup, lookahead decoding, Ouroboros, the static cache (and its calls replayed as graphs),
 EAGLE and Medusa heads freshly initialised on the target (exactness does not need trained heads).
 The sliding-window families have a window of 8: prompts of 5 tokens (the window is crossed while
 generating) and of 26 (longer than the window to begin with). Every draft model's embedding is
@@ -15,7 +15,8 @@ import torch
 import specbook.graphs
 from specbook import DynamicTree, Sampler, autoregressive_generate, speculative_generate
 from specbook.cache import attention_windows
-from specbook.drafters import EagleDrafter, LookaheadDrafter, MedusaDrafter, PromptLookupDrafter, TopKTreeDrafter
+from specbook.drafters import (EagleDrafter, LookaheadDrafter, MedusaDrafter, OuroborosDrafter, PromptLookupDrafter,
+                               TopKTreeDrafter)
 from specbook.heads import EagleHead, MedusaHeads
 from specbook.models import target_features
 
@@ -65,6 +66,8 @@ def _methods():
                                                              k=3, **greedy).token_ids,
         "lookahead": lambda t, d, x: speculative_generate(t, LookaheadDrafter(4, 3, 4), x, NEW_TOKENS, k=2,
                                                           **greedy).token_ids,
+        "ouroboros": lambda t, d, x: speculative_generate(t, OuroborosDrafter(d, phrase_length=2), x, NEW_TOKENS,
+                                                          k=4, **greedy).token_ids,
         "medusa_tree": lambda t, d, x: speculative_generate(t, MedusaDrafter(t, MedusaHeads(t.config.hidden_size, 3)),
                                                             x, NEW_TOKENS, k=3, **greedy).token_ids,
     }

@@ -2,7 +2,7 @@
 
 Every drafter implements the one `Drafter` interface, so the verifier in `specbook.decoding`
 is written once: a model drafter, n-gram / prompt-lookup drafters, tree drafters, Medusa and EAGLE heads,
-lookahead decoding, self-speculative decoding.
+lookahead decoding, self-speculative decoding, Ouroboros.
 """
 
 from .base import Draft, Drafter
@@ -12,8 +12,9 @@ from .lookahead import LookaheadDrafter
 from .medusa import MedusaDrafter
 from .model import ModelDrafter, as_drafter
 from .ngram import LookupDrafter, NGramDrafter, NGramStorage, PromptLookupDrafter
+from .ouroboros import OuroborosDrafter
 from .tree import SampledTreeDrafter, TopKTreeDrafter
 
 __all__ = ["Draft", "Drafter", "EagleDrafter", "LookaheadDrafter", "LookupDrafter", "MedusaDrafter", "ModelDrafter",
-           "NGramDrafter", "NGramStorage", "PromptLookupDrafter", "SampledTreeDrafter", "SelfSpeculativeDrafter",
+           "NGramDrafter", "NGramStorage", "OuroborosDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "SelfSpeculativeDrafter",
            "TopKTreeDrafter"]
