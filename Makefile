@@ -27,11 +27,18 @@ book: setup
 
 test: unit nbval book-strict browser
 
+# Two workers, one thread each (tests/conftest.py; OMP_NUM_THREADS for the notebooks' kernels): the tests and
+# notebooks run tiny models whose time is Python, so two processes on two cores finish sooner than one process
+# with two threads; two workers with two threads each would oversubscribe the cores. A file's tests (a
+# notebook's cells, in order, in one kernel) stay in one worker.
+PARALLEL := -n 2 --dist loadfile
+
 unit: setup
-	$(BIN)/python -m pytest tests -q --ignore=tests/browser
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -q --ignore=tests/browser $(PARALLEL)
 
 nbval: setup
-	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg -q $(NOTEBOOKS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg -q \
+	  $(PARALLEL) $(NOTEBOOKS)
 
 book-strict: setup
 	$(BIN)/jupyter-book build . --path-output . --warningiserror --nitpick --keep-going
