@@ -31,13 +31,14 @@ test: unit nbval book-strict browser
 # notebooks run tiny models whose time is Python, so two processes on two cores finish sooner than one process
 # with two threads; two workers with two threads each would oversubscribe the cores. A file's tests (a
 # notebook's cells, in order, in one kernel) stay in one worker.
-PARALLEL := -n 2 --dist loadfile
+PARALLEL   := -n 2 --dist loadfile
+ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 unit: setup
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -q --ignore=tests/browser $(PARALLEL)
+	$(ONE_THREAD) $(BIN)/python -m pytest tests -q --ignore=tests/browser $(PARALLEL)
 
 nbval: setup
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg -q \
+	$(ONE_THREAD) $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg -q \
 	  $(PARALLEL) $(NOTEBOOKS)
 
 book-strict: setup
@@ -62,12 +63,13 @@ chromium:
 # in a separate environment, .venv-floors: the floors are versions the package was tested with.
 # The test tools (pytest, scipy, ...) are left to pip, at versions that suit the floors.
 FLOORS := .venv-floors
-TEST_TOOLS := pytest hypothesis scipy nbformat nbclient ipykernel
+TEST_TOOLS := pytest pytest-xdist hypothesis scipy nbformat nbclient ipykernel
 # transformers 5.4's own floor for the hub client: later releases reject some of its configs (OLMo 2).
 FLOORS_PINS := huggingface-hub==1.5.0
 
 test-floors: $(FLOORS)/.installed
-	$(FLOORS)/bin/python -m pytest tests -q --ignore=tests/browser --ignore=tests/test_book.py -p no:cacheprovider
+	$(ONE_THREAD) $(FLOORS)/bin/python -m pytest tests -q --ignore=tests/browser --ignore=tests/test_book.py \
+	  -p no:cacheprovider $(PARALLEL)
 
 $(FLOORS)/.installed: requirements.txt pyproject.toml scripts/floors.py
 	rm -rf $(FLOORS)

@@ -3,6 +3,10 @@
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing downloads in tests; set before transformers is imported
+# One thread for the kernels the exercise tests start too (they inherit the environment): two xdist workers,
+# each with a kernel of two threads, would oversubscribe two cores. `make unit` sets these already.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
