@@ -2,12 +2,14 @@
 
 Every drafter implements the one `Drafter` interface, so the verifier in `specbook.decoding`
 is written once: a model drafter, n-gram / prompt-lookup drafters, tree drafters, Medusa and EAGLE heads,
-lookahead decoding, self-speculative decoding, Ouroboros.
+lookahead decoding, self-speculative decoding, blockwise parallel decoding, Ouroboros.
 """
 
 from .base import Draft, Drafter
+from .blockwise import BlockwiseDrafter
 from .eagle import EagleDrafter
 from .early_exit import SelfSpeculativeDrafter
+from .glide import CaPE, GlideDrafter
 from .lookahead import LookaheadDrafter
 from .medusa import MedusaDrafter
 from .model import ModelDrafter, as_drafter
@@ -15,6 +17,6 @@ from .ngram import LookupDrafter, NGramDrafter, NGramStorage, PromptLookupDrafte
 from .ouroboros import OuroborosDrafter
 from .tree import SampledTreeDrafter, TopKTreeDrafter
 
-__all__ = ["Draft", "Drafter", "EagleDrafter", "LookaheadDrafter", "LookupDrafter", "MedusaDrafter", "ModelDrafter",
+__all__ = ["BlockwiseDrafter", "Draft", "Drafter", "EagleDrafter", "LookaheadDrafter", "LookupDrafter", "MedusaDrafter", "ModelDrafter",
            "NGramDrafter", "NGramStorage", "OuroborosDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "SelfSpeculativeDrafter",
            "TopKTreeDrafter"]
