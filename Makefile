@@ -37,8 +37,10 @@ ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 unit: setup
 	$(ONE_THREAD) $(BIN)/python -m pytest tests -q --ignore=tests/browser $(PARALLEL)
 
+# SPECBOOK_ONE_ROUND: the timing cells run one round each, unwarmed (`specbook.bench.run_benchmark`): nbval
+# ignores their outputs, and `make notebooks` still runs every round.
 nbval: setup
-	$(ONE_THREAD) $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg -q \
+	$(ONE_THREAD) SPECBOOK_ONE_ROUND=1 $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg -q \
 	  $(PARALLEL) $(NOTEBOOKS)
 
 book-strict: setup

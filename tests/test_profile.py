@@ -89,3 +89,13 @@ def test_decode_latency_leaves_the_prefill_out(target):
     assert decode_latency(target, PROMPTS[0], new_tokens=6, repeats=1) > 0
     with pytest.raises(ValueError, match="new_tokens must be >= 2"):
         decode_latency(target, PROMPTS[0], new_tokens=1)
+
+
+def test_one_round_when_the_environment_asks(target, draft, monkeypatch):
+    """`make nbval` runs the chapters' timing cells once each, unwarmed: nbval ignores what they print."""
+    monkeypatch.setenv("SPECBOOK_ONE_ROUND", "1")
+    method = autoregressive(target, Sampler(0), 4)
+    runs = []
+    method.run = lambda input_ids, seed, run=method.run: runs.append(input_ids) or run(input_ids, seed)
+    rows = run_benchmark([method], PROMPTS, repeats=3, progress=False)
+    assert len(runs) == len(PROMPTS) and len(rows[0]["round_seconds"]) == 1

@@ -11,6 +11,7 @@ Long because it holds the method list of every chapter's table beside the runner
 measurements the chapters read next to it (alpha, per-token latency).
 """
 
+import os
 import platform
 import statistics
 import time
@@ -272,7 +273,8 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
     token, from the last round; ``bandwidth_gb_s`` the target's weight bytes times tokens per second
     (gpt-fast's "bandwidth achieved": past the machine's copy bandwidth, `specbook.profile.copy_bandwidth`,
     only a method that makes several tokens per read of the weights can go). Each method runs once
-    untimed first, to pay for lazy initialisation;
+    untimed first, to pay for lazy initialisation (unless the environment sets ``SPECBOOK_ONE_ROUND``,
+    as `make nbval` does: then one round and no warm-up, since nbval ignores timing cells' outputs);
     ``warm_every_prompt`` runs it untimed on every prompt, so that compiled steps meet every input
     length the timed runs will (the last step of a speculative run verifies fewer drafts).
 
@@ -285,7 +287,9 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
     (`speedup_range`). Two methods whose ranges overlap are not told apart by this run (`fastest`).
     """
     check_integer("repeats", repeats, 1)
-    for method in methods:
+    one_round = bool(os.environ.get("SPECBOOK_ONE_ROUND"))  # `make nbval`: timing cells run, unchecked
+    repeats = 1 if one_round else repeats
+    for method in [] if one_round else methods:
         for input_ids in prompts if warm_every_prompt else prompts[:1]:
             method.run(input_ids, seed)
     times = [[[] for _ in prompts] for _ in methods]  # [method][prompt] -> seconds of each round

@@ -31,10 +31,22 @@ CHROMIUM_FLAGS = [
 ]
 
 
+def _book_dir() -> Path:
+    return Path(os.environ.get("SPECBOOK_BOOK_DIR", Path(__file__).resolve().parents[2]))
+
+
+def pytest_configure(config):
+    """Clear the last run's screenshots once, before any test: in the one process of a plain run, or in
+    pytest-xdist's controller (`make browser` runs two workers, each with its own browser and server, and
+    a worker clearing the folder could delete the other's screenshots)."""
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(_book_dir() / "_build" / "screenshots", ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def book_dir() -> Path:
     """The book's source folder (the repository root, unless SPECBOOK_BOOK_DIR says otherwise)."""
-    return Path(os.environ.get("SPECBOOK_BOOK_DIR", Path(__file__).resolve().parents[2]))
+    return _book_dir()
 
 
 @pytest.fixture(scope="session")
@@ -47,9 +59,8 @@ def html_dir(book_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def screenshot_dir(book_dir: Path) -> Path:
-    path = book_dir / "_build" / "screenshots"
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
+    path = book_dir / "_build" / "screenshots"  # emptied by pytest_configure
+    path.mkdir(parents=True, exist_ok=True)
     return path
 
 
