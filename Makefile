@@ -10,7 +10,7 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb) $(wildcard exercises/solutions/
 CHROMIUM ?= /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup book test unit nbval book-strict browser chromium notebooks test-floors clean
+.PHONY: setup book test check unit nbval book-strict browser chromium notebooks test-floors clean
 
 setup: $(STAMP)
 
@@ -25,7 +25,7 @@ book: setup
 	$(BIN)/jupyter-book build . --path-output .
 	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
 
-test: unit nbval book-strict browser
+test: check book-strict browser
 
 # Two workers, one thread each (tests/conftest.py; OMP_NUM_THREADS for the notebooks' kernels): the tests and
 # notebooks run tiny models whose time is Python, so two processes on two cores finish sooner than one process
@@ -34,21 +34,29 @@ test: unit nbval book-strict browser
 PARALLEL   := -n 2 --dist loadfile
 ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-unit: setup
-	$(ONE_THREAD) $(BIN)/python -m pytest tests -q --ignore=tests/browser $(PARALLEL)
-
+# nbval: every notebook re-executed, its outputs compared with the committed ones (timing cells excepted).
 # SPECBOOK_ONE_ROUND: the timing cells run one round each, unwarmed (`specbook.bench.run_benchmark`): nbval
-# ignores their outputs, and `make notebooks` still runs every round.
+# ignores their outputs, and `make notebooks` still runs every round (so do the unit tests: tests/conftest.py).
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
+UNIT  := tests --ignore=tests/browser
+
+unit: setup
+	$(ONE_THREAD) $(BIN)/python -m pytest -q $(PARALLEL) $(UNIT)
+
 nbval: setup
-	$(ONE_THREAD) SPECBOOK_ONE_ROUND=1 $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg -q \
-	  $(PARALLEL) $(NOTEBOOKS)
+	$(ONE_THREAD) SPECBOOK_ONE_ROUND=1 $(BIN)/python -m pytest -q $(PARALLEL) $(NBVAL) $(NOTEBOOKS)
+
+# `make test` runs both in one session: the two workers stay busy to the end, the chapters (the longest
+# files) first and the short unit-test files filling the gaps.
+check: setup
+	$(ONE_THREAD) SPECBOOK_ONE_ROUND=1 $(BIN)/python -m pytest -q $(PARALLEL) $(NBVAL) $(NOTEBOOKS) $(UNIT)
 
 book-strict: setup
 	$(BIN)/jupyter-book build . --path-output . --warningiserror --nitpick --keep-going
 
 # The built book in headless Chromium, served on 127.0.0.1: every page without console errors,
 # failed requests or broken images, the live figures' sliders, the Colab links.
-# Screenshots go to _build/screenshots/.
+# Screenshots go to _build/screenshots/ (whole pages with SPECBOOK_FULL_SCREENSHOTS=1).
 browser: book-strict chromium
 	SPECBOOK_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests/browser -q
 

@@ -17,6 +17,13 @@ from support import VOCAB, tiny_model  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _every_round(monkeypatch):
+    """Benchmarks in the tests run all their rounds: `make test` asks the notebooks' timing cells for one
+    (SPECBOOK_ONE_ROUND, `specbook.bench.run_benchmark`), in the same session."""
+    monkeypatch.delenv("SPECBOOK_ONE_ROUND", raising=False)
+
+
 @pytest.fixture(scope="session")
 def target():
     return tiny_model(seed=0)
