@@ -59,7 +59,7 @@ class BlockwiseDrafter(MedusaDrafter):
     @classmethod
     def from_pretrained(cls, name_or_path, target: torch.nn.Module, block_size: int | None = None,
                         combined: bool = True) -> "BlockwiseDrafter":
-        """Heads for ``target`` (``"shakespeare"`` or a saved directory of Medusa heads), in blocks of ``block_size``."""
+        """Heads for ``target`` (``"shakespeare"`` or a directory of saved Medusa heads), blocks of ``block_size``."""
         return cls(target, MedusaHeads.from_pretrained(name_or_path, target), block_size, combined)
 
     def start(self, input_ids):
