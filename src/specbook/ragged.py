@@ -8,10 +8,10 @@ and let the next call write each row at its own offset, over what it rejected (w
 do with their block tables, and BASS for batched speculation: it needs a kernel that writes and
 attends per row), or leave the dropped positions where they are and hide them. `RaggedCache` does
 the last, which Hugging Face's models run as they are: one `transformers.DynamicCache` for the
-whole batch, and a (B, L) bool map of
-which of its L columns hold a row's committed tokens. Left padding (`check_batch`) starts as
-hidden columns, rejected drafts and the shorter rows' filler become hidden columns, and trailing
-columns that no row keeps are cropped off (`specbook.cache.rollback`).
+whole batch, and a (B, L) bool map of which of its L columns hold a row's committed tokens. Left
+padding (`check_batch`) starts as hidden columns, rejected drafts and the shorter rows' filler
+become hidden columns, and trailing columns that no row keeps are cropped off
+(`specbook.cache.rollback`).
 
 Each call then needs what the model's own mask cannot say: every new row sees the visible columns
 before it and itself, and sits at its row's own position -- the number of visible columns before
