@@ -17,13 +17,15 @@ rejected drafts off the cache, so the prefix is never recomputed. At the start t
 pending: the first call reads it together with the first drafts (or, autoregressively, makes the
 first token from it), as Hugging Face's ``generate`` does, rather than spending a call of its own on
 it -- except before a tree draft, whose mask follows one pending token, and for a drafter that
-reads the target's features of the prompt before it drafts. A tree step feeds [pending,
+reads the target's features or cache of the prompt before it drafts. A tree step feeds [pending,
 node 0, ..., node n-1] and keeps the prefix, the pending token and the accepted path.
 
 A drafter that reads the target's hidden states (``Drafter.uses_features``: Medusa, EAGLE) gets
 them from the same target calls: the engine asks the target for its hidden states too, and hands
 the last layer's (its features) at the committed positions to the drafter. The logits stay the
-model's own, whatever it does after its LM head (Gemma 2 caps them with a tanh).
+model's own, whatever it does after its LM head (Gemma 2 caps them with a tanh). A drafter that
+reads the target's KV cache (``Drafter.uses_target_cache``: GliDe) is handed the cache after the
+prompt's prefill, and reads its committed positions whenever it drafts.
 
 An encoder-decoder target (T5, BART, Marian) runs its encoder once per generation; the loops then
 decode with a view of its decoder that is called like a causal LM (`specbook.seq2seq`), and only
@@ -310,10 +312,12 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     started = time.perf_counter()
     features = drafter.uses_features
     kv_cache, forward = _caches(target, static_length, compile)
-    if features:  # a drafter that reads the target's features needs the prompt's before it drafts
+    if features or drafter.uses_target_cache:  # a drafter that reads the target's features or cache needs the prompt's
         pending, prompt_features = _prefill(target, kv_cache, input_ids, features)
     else:  # the prompt goes into the first verification call, as one more call would cost a step's time
         pending, prompt_features = input_ids[0], None
+    if drafter.uses_target_cache:
+        drafter.observe_cache(target, kv_cache)
     drafter.start(input_ids)
     if prompt_features is not None:
         drafter.observe_features(prompt_features)

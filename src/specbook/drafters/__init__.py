@@ -2,7 +2,7 @@
 
 Every drafter implements the one `Drafter` interface, so the verifier in `specbook.decoding`
 is written once: a model drafter, n-gram / prompt-lookup drafters, tree drafters, Medusa and EAGLE heads,
-lookahead decoding, self-speculative decoding, blockwise parallel decoding, Ouroboros.
+lookahead decoding, self-speculative decoding, blockwise parallel decoding, Ouroboros, GliDe with CaPE.
 """
 
 from .base import Draft, Drafter
@@ -17,6 +17,6 @@ from .ngram import LookupDrafter, NGramDrafter, NGramStorage, PromptLookupDrafte
 from .ouroboros import OuroborosDrafter
 from .tree import SampledTreeDrafter, TopKTreeDrafter
 
-__all__ = ["BlockwiseDrafter", "Draft", "Drafter", "EagleDrafter", "LookaheadDrafter", "LookupDrafter", "MedusaDrafter", "ModelDrafter",
+__all__ = ["BlockwiseDrafter", "CaPE", "Draft", "Drafter", "EagleDrafter", "GlideDrafter", "LookaheadDrafter", "LookupDrafter", "MedusaDrafter", "ModelDrafter",
            "NGramDrafter", "NGramStorage", "OuroborosDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "SelfSpeculativeDrafter",
            "TopKTreeDrafter"]

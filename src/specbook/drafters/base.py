@@ -5,7 +5,8 @@ step ``propose`` (up to k tokens, with the distributions they were drawn from) a
 (how many the target accepted and which token it emitted next), so the drafter can roll its
 state back to the accepted prefix and extend it. A tree drafter (`specbook.trees`) proposes a
 `Draft` with ``parents`` and is told which path was accepted. A drafter that reads the target's
-hidden states (Medusa, EAGLE) sets ``uses_features`` and is handed them after every step. A
+hidden states (Medusa, EAGLE) sets ``uses_features`` and is handed them after every step; one that
+reads the target's KV cache (GliDe) sets ``uses_target_cache`` and is handed the cache itself. A
 drafter that asks the target to score rows of its own in the same call (lookahead decoding's
 Jacobi window, ``Draft.side_tokens``) is handed their logits.
 """
@@ -57,9 +58,14 @@ class Drafter:
     then runs the target's base model and LM head separately, and calls ``observe_features`` with
     the features of every position it commits. Other drafters leave it False and the engine calls
     the target as usual.
+
+    ``uses_target_cache = True`` asks for the target's KV cache (GliDe's cross-attention reads it): the
+    engine then feeds the prompt to the target before drafting, as for features, and calls
+    ``observe_cache`` once, before ``start``.
     """
 
     uses_features = False
+    uses_target_cache = False
 
     def start(self, input_ids: torch.Tensor) -> None:
         """Begin a generation on a (1, T) prompt."""
@@ -96,6 +102,14 @@ class Drafter:
         position is what the target predicts the next token from, so the newest one predicts the
         new pending token.
         """
+        raise NotImplementedError
+
+    def observe_cache(self, target, cache) -> None:
+        """Only for ``uses_target_cache``: the ``target`` model (to check, refusing one the drafter cannot read) and
+        its KV cache (`specbook.cache`: dynamic or static), once per generation, before ``start``. The cache then
+        holds the prompt's positions 0 .. T - 2 (none for a one-token prompt) and between steps every committed
+        position but the pending token's: the drafter keeps it and counts the positions the steps commit (a
+        static cache's buffers hold more, past its pointer: rejected drafts, older generations)."""
         raise NotImplementedError
 
     def read_encoder(self, encoder_outputs, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:

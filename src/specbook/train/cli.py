@@ -10,16 +10,18 @@ from pathlib import Path
 import torch
 
 from ..heads import EagleHead, ExitHead, MedusaHeads
+from ..mtp import MAX_TOKENS, MultiTokenHeads
 from .card import write_card
 from .corpus import build_corpus, encode_file, heldout_prompts, train_tokenizer
-from .heads import eagle_loss, exit_loss, medusa_loss, save_head, train_head
+from .glide import train_glide
+from .heads import compare_mtp, eagle_loss, exit_loss, medusa_loss, save_head, train_head, train_mtp
 from .loop import TrainConfig, copy_losses, evaluate, train_model
 from .models import MODEL_CONFIGS, blend, grow, load_trained, model_shape, new_model, save_model
 
 
 DESCRIPTION = "Reproducible training of the built-in Shakespeare model pair."
 EXIT_LAYER = 1  # the exit with the best modelled speedup on the built-in target (its training.json, "exit_layers")
-STAGES = ("corpus", "tokenizer", "target", "copy", "draft", "medusa", "eagle", "exit", "card")
+STAGES = ("corpus", "tokenizer", "target", "copy", "draft", "medusa", "eagle", "exit", "glide", "mtp", "card")
 
 
 def main(argv=None):
@@ -41,6 +43,16 @@ def main(argv=None):
     parser.add_argument("--exit-layer", type=int, default=EXIT_LAYER,
                         help="the exit head reads the target after this many layers (default: %(default)s)")
     parser.add_argument("--exit-steps", type=int, default=400)
+    parser.add_argument("--glide-steps", type=int, default=400, help="GliDe's and its control's fine-tuning steps")
+    parser.add_argument("--glide-block", type=int, default=5,
+                        help="GliDe's block-lag mask: a query sees the target's keys of earlier blocks of this many "
+                             "positions (default: %(default)s)")
+    parser.add_argument("--mtp-steps", type=int, default=300)
+    parser.add_argument("--mtp-heads", type=int, default=4,
+                        help="multi-token prediction's n, heads in all: the next-token one and n - 1 more "
+                             "(default: %(default)s)")
+    parser.add_argument("--mtp-layers", type=int, default=2,
+                        help="the target's top layers fine-tuned with the MTP heads (default: %(default)s)")
     parser.add_argument("--target-width", type=int, default=None, help="another target size: its hidden size")
     parser.add_argument("--target-layers", type=int, default=None, help="another target size: its depth")
     parser.add_argument("--draft-width", type=int, default=None, help="another draft size: its hidden size")
@@ -73,6 +85,11 @@ def main(argv=None):
         parser.error("--shallow-layers must not exceed the target's depth")
     if args.ckpt_every < 1:
         parser.error(f"--ckpt-every must be >= 1, got {args.ckpt_every}")
+    if not 2 <= args.mtp_heads <= MAX_TOKENS:
+        parser.error(f"--mtp-heads must be in [2, {MAX_TOKENS}]: the next-token head and 1 to {MAX_TOKENS - 1} more, "
+                     f"got {args.mtp_heads}")
+    if args.glide_block < 1:
+        parser.error(f"--glide-block must be >= 1, got {args.glide_block}")
     if args.target_lr_scale <= 0:
         parser.error(f"--target-lr-scale must be > 0, got {args.target_lr_scale}")
     sized = partial(TrainConfig, batch_size=args.batch_size, ckpt_every=args.ckpt_every)
@@ -146,7 +163,7 @@ def main(argv=None):
             state["final"] = evaluate(model, valid_tokens, config, args.device, teacher=target)
             meta = {"config": asdict(config), "hardware": hardware, "distilled": teacher is not None, **state}
             save_model(model, out / name, meta)
-    if stages & {"medusa", "eagle", "exit"}:
+    if stages & {"medusa", "eagle", "exit", "glide", "mtp"}:
         target = load_trained(out / "target", args.device).requires_grad_(False)
     if "medusa" in stages:
         config = TrainConfig(steps=args.medusa_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 3,
@@ -174,6 +191,27 @@ def main(argv=None):
         state = train_head(head, exit_loss, target, train_tokens, valid_tokens, config, ckpt_dir, args.device,
                            desc=f"exit after layer {args.exit_layer}")
         save_head(head, out / "exit", {"config": asdict(config), "hardware": hardware, **state})
+    if "mtp" in stages:
+        config = TrainConfig(steps=args.mtp_steps, block_size=256, lr=5e-4, warmup=50, seed=args.seed + 8,
+                             ckpt_every=args.ckpt_every)
+        try:
+            mtp = MultiTokenHeads.for_target(target, args.mtp_heads, args.mtp_layers)
+        except ValueError as error:
+            parser.error(f"--mtp-layers: {error}")
+        ckpt_dir = work / f"ckpt-mtp-{args.mtp_heads}-{args.mtp_layers}"  # never resume another shape's weights
+        state = train_mtp(mtp, target, train_tokens, valid_tokens, config, ckpt_dir, args.device)
+        medusa = MedusaHeads.from_pretrained(out / "medusa", target) if (out / "medusa" / "config.json").exists() \
+            else None
+        prompts = [tokenizer(text, return_tensors="pt").input_ids.to(args.device)
+                   for text in json.loads((out / "heldout_prompts.json").read_text())[:5]] \
+            if (out / "heldout_prompts.json").exists() else []
+        state["final"] = compare_mtp(target, mtp, valid_tokens, config, args.device, medusa, prompts)
+        save_head(mtp, out / "mtp", {"config": asdict(config), "hardware": hardware, **state})
+    if "glide" in stages:
+        config = sized(steps=args.glide_steps, block_size=256, lr=1e-3, warmup=20, seed=args.seed + 9)
+        heldout = train_glide(target, out / "draft", train_tokens, valid_tokens, config, args.glide_block, work, out,
+                              args.device, {"hardware": hardware}, tokenizer)
+        print({name: {key: round(value, 3) for key, value in figures.items()} for name, figures in heldout.items()})
     if "card" in stages:
         from ..bench import machine
         write_card(out, work, {"machine": machine()})

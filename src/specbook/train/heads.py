@@ -1,4 +1,5 @@
-"""Medusa, EAGLE and exit heads trained on the frozen target (`specbook.heads`): their losses, and saving."""
+"""Medusa, EAGLE and exit heads trained on the frozen target (`specbook.heads`), and multi-token prediction's heads
+trained with the target's top layers (`specbook.mtp`): their losses, and saving."""
 
 import json
 from functools import partial
@@ -8,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from ..heads import eagle_predictions, exit_predictions, head_accuracy, medusa_predictions
-from .loop import _kl, train_model
+from ..mtp import mtp_model, mtp_predictions
+from .loop import _kl, evaluate, train_model
 
 
 def medusa_loss(heads, target, inputs, targets, decay=0.8):
@@ -63,3 +65,56 @@ def train_head(head, loss, target, train_tokens, valid_tokens, config, ckpt_dir,
     return train_model(head, train_tokens, valid_tokens, config, ckpt_dir, device, desc=desc,
                        loss_fn=partial(loss, head, target),
                        evaluate_fn=partial(head_accuracy, target, head, valid_tokens, config.block_size, 16))
+
+
+def mtp_loss(heads, model, inputs, targets):
+    """The multi-token loss (Gloeckle et al. 2024, Section 2, Eq. 2): Σ_i CE(x_{t+i}), i = 1 .. n, unweighted.
+
+    ``model`` is the MTP model (`specbook.mtp.mtp_model`): its LM head scores x_{t+1} -- the
+    ordinary next-token loss -- and ``heads``' block i - 2 scores x_{t+i}. The trainable top layers
+    of the model's trunk learn from every term, the heads each from their own.
+    """
+    window = torch.cat([inputs, targets[:, -1:]], 1)  # (batch, block + 1): the whole text window
+    return sum(F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+               for logits, labels in mtp_predictions(model, heads, window))
+
+
+def train_mtp(mtp, target, train_tokens, valid_tokens, config, ckpt_dir, device, desc="mtp"):
+    """Fine-tune ``mtp`` (`specbook.mtp.MultiTokenHeads`: top layers, norm, heads) on ``target`` with `mtp_loss`.
+
+    Only ``mtp``'s parameters train and are checkpointed; the target's are shared and frozen. The
+    held-out metrics are the MTP model's next-token ``loss`` and its heads' `head_accuracy`.
+    """
+    model = mtp_model(target, mtp)
+
+    def held_out():
+        return {**evaluate(model, valid_tokens, config, device),
+                **head_accuracy(model, mtp.heads, valid_tokens, config.block_size, 16)}
+    return train_model(mtp, train_tokens, valid_tokens, config, ckpt_dir, device, desc=desc,
+                       loss_fn=partial(mtp_loss, mtp.heads, model), evaluate_fn=held_out)
+
+
+def compare_mtp(target, mtp, valid_tokens, config, device, medusa=None, prompts=()):
+    """The MTP model against the original ``target``, on the same held-out windows and ``prompts``.
+
+    ``next_token_loss``: each model's next-token cross entropy (`evaluate`); Gloeckle et al. find
+    multi-token training hurts small models (Section 3.1, Fig. 3). ``top1``: per head, token t + 2
+    first, the teacher-forced top-1 accuracy (`head_accuracy`) of the MTP heads on the MTP model and
+    of ``medusa``, heads trained on the frozen target, on it. ``tokens_per_call``: greedy drafts of
+    depth n - 1, chain and tree, the MTP model drafting for itself and Medusa for the target.
+    """
+    from ..bench import acceptance
+    from ..drafters.medusa import DEFAULT_TREE, MedusaDrafter
+
+    model = mtp_model(target, mtp)
+    report = {"next_token_loss": {"target": evaluate(target, valid_tokens, config, device)["loss"],
+                                  "mtp": evaluate(model, valid_tokens, config, device)["loss"]},
+              "top1": {}, "tokens_per_call": {}}
+    depth = mtp.heads.num_heads
+    for name, verifier, heads in [("mtp", model, mtp.heads)] + ([("medusa", target, medusa)] if medusa else []):
+        report["top1"][name] = head_accuracy(verifier, heads, valid_tokens, config.block_size)["top1"]
+        for shape, tree in (("chain", None), ("tree", DEFAULT_TREE)) if prompts else ():
+            drafter = MedusaDrafter(verifier, heads, tree)  # the tree cut to depth n - 1 by k
+            report["tokens_per_call"][f"{name}_{shape}"] = acceptance(verifier, drafter, prompts,
+                                                                      k=depth)["tokens_per_step"]
+    return report
