@@ -89,7 +89,10 @@ def test_the_family_suite_writes_one_row_per_method_category_and_sampling(tmp_pa
     main(["bench", "--suite", "family", "--categories", "repetitive", "--max-new-tokens", "5", "--repeats", "1",
           "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 12 * 2  # AR and 11 methods, greedy and sampled
+    # AR and 17 methods greedy (blockwise among them), 16 sampled; the MTP model and its heads, both ways
+    assert len(rows) == 18 + 17 + 2 * 2
+    assert {row["method"] for row in rows if row["sampling"] == "greedy"} - \
+        {row["method"] for row in rows if row["sampling"] == "sampled"} == {"blockwise, blocks of 5"}
     assert {"method", "category", "sampling", "tokens_per_call", "speedup_vs_ar", "same_tokens",
             "acceptance_rate", "positions_per_call"} <= set(rows[0])
     assert all(row["same_tokens"] for row in rows if row["sampling"] == "greedy")  # checked by the suite too

@@ -229,15 +229,25 @@ def heads_and_trees(pair, medusa, eagle, sampler, max_new_tokens, k=4, stop_thre
     ]
 
 
-def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4):
+def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4, glide=None, glide_control=None):
     """Chapter 6's comparison of every method the book runs, on one target: each drafter at the setting
     the book found good for it. Chains draft up to ``k``; every static tree is Medusa's 16-node tree
     (`DEFAULT_TREE`, depth 4), every dynamic one EAGLE-2's (depth 5, width 3, 16 nodes); lookahead
     has a window of 5, 4-grams and 5 candidates; the heads (``medusa``, ``eagle``, ``exit_head``) are
     trained on ``pair.target``. Under sampling the draft model's tree is sampled, not its top-k.
+
+    Then the seeds' systems (chapter 6c): Medusa's heads as a chain, and as blockwise parallel
+    decoding (greedy only: no row under sampling) in blocks of the pending token and every head;
+    Ouroboros, the draft model's chain of ``k`` extended by three pooled phrases of three tokens (its
+    pool warm from the runs before); and, given ``glide`` (a `specbook.glide.GlideForCausalLM` for
+    ``pair.target``) and ``glide_control`` (the same draft trained the same way without
+    cross-attention), GliDe's chain, GliDe with CaPE and the control's chain. Multi-token prediction
+    changes the target, so its rows have a baseline of their own (`multi_token`).
     """
-    from .drafters import (EagleDrafter, LookaheadDrafter, MedusaDrafter, NGramDrafter, PromptLookupDrafter,
-                           SampledTreeDrafter, SelfSpeculativeDrafter, TopKTreeDrafter)
+    from .drafters import (BlockwiseDrafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, NGramDrafter,
+                           OuroborosDrafter, PromptLookupDrafter, SampledTreeDrafter, SelfSpeculativeDrafter,
+                           TopKTreeDrafter)
+    from .drafters.glide import CaPE, GlideDrafter
     from .policies import EntropyGuidedK
     from .trees import DynamicTree
 
@@ -246,7 +256,8 @@ def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4):
     rows = [
         ("draft model, chain", pair.draft, k),
         ("draft model, chain, EGAG", pair.draft, EntropyGuidedK()),
-        (f"draft model, {len(tree)}-node tree", model_tree(pair.draft, tree), tree.depth),
+        (f"draft model, {len(tree)}-node tree (top-k greedy, sampled otherwise)", model_tree(pair.draft, tree),
+         tree.depth),
         ("prompt lookup", PromptLookupDrafter(), k),
         ("NASD", NGramDrafter(), k),
         ("lookahead (W=5, N=4, G=5)", LookaheadDrafter(5, 4, 5), 3),
@@ -255,9 +266,29 @@ def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4):
         (f"EAGLE, {len(tree)}-node tree", EagleDrafter(target, eagle, tree=tree), tree.depth),
         (f"EAGLE-2, dynamic {dynamic.nodes}-node tree", EagleDrafter(target, eagle, tree=dynamic), dynamic.depth),
         (f"self-speculative, exit after layer {exit_head.exit_layer}", SelfSpeculativeDrafter(target, exit_head), k),
+        ("Medusa, chain", MedusaDrafter(target, medusa, tree=None), medusa.num_heads),
     ]
+    if sampler.greedy:
+        rows.append((f"blockwise, blocks of {medusa.num_heads + 1}", BlockwiseDrafter(target, medusa),
+                     medusa.num_heads))
+    rows.append(("Ouroboros, chain + phrases", OuroborosDrafter(pair.draft, phrase_length=3, chain=k), k + 3))
+    if glide is not None:
+        rows += [("GliDe, chain", GlideDrafter(glide), k), ("GliDe + CaPE", GlideDrafter(glide, cape=CaPE()), k),
+                 ("GliDe's control (no cross-attention), chain", glide_control, k)]
     return [autoregressive(target, sampler, max_new_tokens)] + [
         speculative(target, drafter, length, sampler, max_new_tokens, name=name) for name, drafter, length in rows]
+
+
+def multi_token(mtp_target, heads, sampler, max_new_tokens):
+    """Multi-token prediction's rows (`specbook.mtp`): the jointly trained model decoding alone, its baseline,
+    then drafting for itself with its heads as a chain (all n - 1 of them)."""
+    from .drafters import MedusaDrafter
+
+    drafter = MedusaDrafter(mtp_target, heads, tree=None)
+    return [Method("MTP model, autoregressive", autoregressive(mtp_target, sampler, max_new_tokens).run,
+                   weight_bytes=weight_bytes(mtp_target)),
+            speculative(mtp_target, drafter, heads.num_heads, sampler, max_new_tokens,
+                        name="MTP heads, chain (vs the MTP model)")]
 
 
 def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every_prompt=False):

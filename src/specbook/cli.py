@@ -24,7 +24,7 @@ import torch
 
 from .batch_bench import batch_suite, report
 from .bench import (CATEGORIES, PROMPT_SETS, ablation, comparison, encoder_decoder, family, heads_and_trees, machine,
-                    run_benchmark)
+                    multi_token, run_benchmark)
 from .costs import CPU_SCALE, PAIRS, cost_probe
 from .costs import report as costs_report
 from .decoding import autoregressive_generate, speculative_generate
@@ -210,17 +210,25 @@ def _gpu_bench(pair, args):
 
 
 def _family_bench(pair, args, packed):
-    """Every method on every kind of text (`specbook.bench.family`), greedy and sampled (at --temperature, 1 if
-    it is 0); one row per method, category and sampling, written as JSON. A greedy row whose tokens differ from
-    autoregressive decoding's stops the run: exactness is checked, not assumed."""
+    """Every method on every kind of text (`specbook.bench.family`, with the built-in GliDe draft and its control),
+    greedy and sampled (at --temperature, 1 if it is 0), and multi-token prediction against the MTP model's own
+    autoregressive decoding (`specbook.bench.multi_token`); one row per method, category and sampling, written as
+    JSON. A greedy row whose tokens differ from its baseline's stops the run: exactness is checked, not assumed."""
     import pandas as pd
 
+    from .models import load_model
+    from .mtp import load_mtp
+
     heads = _built_in_heads(pair, ("medusa", "eagle", "exit"))
+    glide = {part.replace("-", "_"): load_model(pair.name, part, pair.target.device, pair.target.dtype)
+             for part in ("glide", "glide-control")}
+    mtp_target, mtp_heads = load_mtp(pair.name, pair.target)
     samplings = {"greedy": Sampler(0), "sampled": Sampler(args.temperature or 1.0, args.top_k, args.top_p)}
     rows = []
     for sampling, sampler in samplings.items():
-        methods = family(pair, *heads, sampler, args.max_new_tokens, max(args.ks))
-        for category in args.categories:
+        groups = [family(pair, *heads, sampler, args.max_new_tokens, max(args.ks), **glide),
+                  multi_token(mtp_target, mtp_heads, sampler, args.max_new_tokens)]  # its own baseline
+        for category, methods in ((category, methods) for category in args.categories for methods in groups):
             prompts = [pair.encode(text) for text in CATEGORIES[category]]
             for row in run_benchmark(methods, prompts, args.repeats, args.seed):
                 if sampling == "greedy" and not row["same_tokens"]:

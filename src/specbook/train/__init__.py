@@ -24,7 +24,14 @@ Stages, each resumable and skipped when its output already exists:
 6. ``eagle``     an EAGLE head on the frozen target (`specbook.heads.EagleHead`): one layer that
                  predicts the target's next hidden state from the last one and the next token
                  (Li et al. 2024).
-7. ``card``      measures what ships and writes the model card, ``README.md``.
+7. ``exit``      an exit head after the target's first layer, for self-speculative decoding
+                 (`specbook.heads.ExitHead`; LayerSkip, Kangaroo).
+8. ``glide``     a GliDe draft (`specbook.glide`; Du et al. 2024): the draft with a cross-attention to
+                 the target's cached keys and values, fine-tuned with the block-lag mask on the frozen
+                 target, and a control fine-tuned the same way without it.
+9. ``mtp``       multi-token prediction (`specbook.mtp`; Gloeckle et al. 2024): the target's top layers
+                 fine-tuned jointly with three extra heads under the multi-token loss.
+10. ``card``     measures what ships and writes the model card, ``README.md``.
 
 Training checkpoints (model, optimizer, step, random state) are written every ``--ckpt-every``
 steps so that an interrupted run picks up where it stopped.
