@@ -286,31 +286,42 @@ def early_exit_model(target, head: ExitHead):
     """The draft of self-speculative decoding: ``target`` cut after ``head.exit_layer`` layers, finished by ``head``.
 
     A causal LM of the target's own class, so whatever runs the target runs it (KV caches, sliding
-    windows, Gemma 2's logit cap). It is built on the meta device from a copy of the target's config
-    with ``num_hidden_layers`` = L (and every per-layer list, such as ``layer_types``, cut to L), then
-    handed the target's own modules -- its embeddings, position tables and first L decoder layers --
-    and the head's norm and LM head. Nothing is copied: its parameters are the target's (packed
+    windows, Gemma 2's logit cap), `assembled` from the target's own modules -- its embeddings,
+    position tables and first L decoder layers -- and the head's norm and LM head. Nothing is copied: its parameters are the target's (packed
     layers included) and the head's, and moving it moves them.
     """
     head.check_target(target)
+    layers = getattr(target.get_decoder(), decoder_parts(target)[0])[: head.exit_layer]
+    return assembled(target, layers, head.norm, head.lm_head, f"cut {type(target).__name__} after layer "
+                                                                 f"{head.exit_layer}")
+
+
+def assembled(target, layers, norm: nn.Module, lm_head: nn.Module, purpose: str):
+    """A causal LM of ``target``'s class made of modules that exist: ``target``'s embeddings and position tables,
+    then ``layers`` (decoder layers, the target's or trained copies), ``norm`` and ``lm_head``.
+
+    It is built on the meta device from a copy of the target's config with ``num_hidden_layers`` = len(layers)
+    (and every per-layer list, such as ``layer_types``, cut to as many) and untied embeddings, then handed the
+    modules: nothing is copied, and moving it moves them. ``purpose`` names it in the error raised when the
+    target holds parameters outside its decoder's children (which the new model would lack).
+    """
     layers_name, norm_name = decoder_parts(target)
     config = copy.deepcopy(target.config)
     for name, value in list(vars(config).items()):
         if isinstance(value, (list, tuple)) and len(value) == config.num_hidden_layers:  # per layer: layer_types
-            setattr(config, name, value[: head.exit_layer])
-    config.num_hidden_layers, config.tie_word_embeddings = head.exit_layer, False
+            setattr(config, name, value[: len(layers)])
+    config.num_hidden_layers, config.tie_word_embeddings = len(layers), False
     with torch.device("meta"):
         model = type(target)(config).eval()  # its own modules are only the ones that wrap the target's
     source, decoder = target.get_decoder(), model.get_decoder()
     for name, _ in list(decoder.named_children()):
         setattr(decoder, name, getattr(source, name))
-    setattr(decoder, layers_name, nn.ModuleList(getattr(source, layers_name)[: head.exit_layer]))
-    setattr(decoder, norm_name, head.norm)
-    model.set_output_embeddings(head.lm_head)
+    setattr(decoder, layers_name, nn.ModuleList(layers))
+    setattr(decoder, norm_name, norm)
+    model.set_output_embeddings(lm_head)
     unshared = [name for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_meta]
     if unshared:
-        raise ValueError(f"cannot cut {type(target).__name__} after layer {head.exit_layer}: {unshared} are not "
-                         "modules of its decoder")
+        raise ValueError(f"cannot {purpose}: {unshared} are not modules of its decoder")
     return model
 
 

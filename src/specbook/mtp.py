@@ -22,7 +22,7 @@ import copy
 import torch
 from torch import nn
 
-from .heads import MedusaHeads, _Head, decoder_parts, final_norm
+from .heads import MedusaHeads, _Head, assembled, decoder_parts, final_norm
 from .models import target_features
 from .packed import PackedLinear, is_packed, pack_linears
 
@@ -112,28 +112,14 @@ class MultiTokenHeads(_Head):
 def mtp_model(target, mtp: MultiTokenHeads):
     """The jointly trained model: ``target`` with ``mtp``'s top layers and final norm in place of its own.
 
-    A causal LM of the target's class, built on the meta device and handed modules, as
-    `specbook.heads.early_exit_model` is: the target's embedding, lower layers and LM head, shared,
-    not copied, and ``mtp``'s layers and norm. The target itself is not modified.
+    A causal LM of the target's class handed modules (`specbook.heads.assembled`, as the early exit is): the
+    target's embedding, lower layers and LM head, shared, not copied, and ``mtp``'s layers and norm. The
+    target itself is not modified.
     """
     mtp.check_target(target)
-    layers_name, norm_name = decoder_parts(target)
-    config = copy.deepcopy(target.config)
-    config.tie_word_embeddings = False  # the LM head is the target's own module, tied or not
-    with torch.device("meta"):
-        model = type(target)(config).eval()
-    source, decoder = target.get_decoder(), model.get_decoder()
-    for name, _ in list(decoder.named_children()):
-        setattr(decoder, name, getattr(source, name))
-    lower = getattr(source, layers_name)[: mtp.target_layers - len(mtp.layers)]
-    setattr(decoder, layers_name, nn.ModuleList([*lower, *mtp.layers]))
-    setattr(decoder, norm_name, mtp.norm)
-    model.set_output_embeddings(target.get_output_embeddings())
-    unshared = [name for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_meta]
-    if unshared:
-        raise ValueError(f"cannot assemble an MTP model from {type(target).__name__}: {unshared} are not modules of "
-                         "its decoder")
-    return model
+    lower = getattr(target.get_decoder(), decoder_parts(target)[0])[: mtp.target_layers - len(mtp.layers)]
+    return assembled(target, [*lower, *mtp.layers], mtp.norm, target.get_output_embeddings(),
+                     f"assemble an MTP model from {type(target).__name__}")
 
 
 def load_mtp(name_or_path, target) -> tuple[nn.Module, MedusaHeads]:
