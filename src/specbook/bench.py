@@ -15,7 +15,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from tqdm.auto import tqdm
@@ -285,8 +285,7 @@ def multi_token(mtp_target, heads, sampler, max_new_tokens):
     from .drafters import MedusaDrafter
 
     drafter = MedusaDrafter(mtp_target, heads, tree=None)
-    return [Method("MTP model, autoregressive", autoregressive(mtp_target, sampler, max_new_tokens).run,
-                   weight_bytes=weight_bytes(mtp_target)),
+    return [replace(autoregressive(mtp_target, sampler, max_new_tokens), name="MTP model, autoregressive"),
             speculative(mtp_target, drafter, heads.num_heads, sampler, max_new_tokens,
                         name="MTP heads, chain (vs the MTP model)")]
 
