@@ -35,8 +35,9 @@ PARALLEL   := -n 2 --dist loadfile
 ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 # nbval: every notebook re-executed, its outputs compared with the committed ones (timing cells excepted).
-# SPECBOOK_ONE_ROUND: the timing cells run one round each, unwarmed (`specbook.bench.run_benchmark`): nbval
-# ignores their outputs, and `make notebooks` still runs every round (so do the unit tests: tests/conftest.py).
+# SPECBOOK_QUICK_TIMING: the timing cells run one round on their first prompt, unwarmed
+# (`specbook.bench.run_benchmark`): nbval ignores their outputs, and `make notebooks` still runs every round
+# on every prompt (so do the unit tests: tests/conftest.py).
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 UNIT  := tests --ignore=tests/browser
 
@@ -44,12 +45,12 @@ unit: setup
 	$(ONE_THREAD) $(BIN)/python -m pytest -q $(PARALLEL) $(UNIT)
 
 nbval: setup
-	$(ONE_THREAD) SPECBOOK_ONE_ROUND=1 $(BIN)/python -m pytest -q $(PARALLEL) $(NBVAL) $(NOTEBOOKS)
+	$(ONE_THREAD) SPECBOOK_QUICK_TIMING=1 $(BIN)/python -m pytest -q $(PARALLEL) $(NBVAL) $(NOTEBOOKS)
 
 # `make test` runs both in one session: the two workers stay busy to the end, the chapters (the longest
 # files) first and the short unit-test files filling the gaps.
 check: setup
-	$(ONE_THREAD) SPECBOOK_ONE_ROUND=1 $(BIN)/python -m pytest -q $(PARALLEL) $(NBVAL) $(NOTEBOOKS) $(UNIT)
+	$(ONE_THREAD) SPECBOOK_QUICK_TIMING=1 $(BIN)/python -m pytest -q $(PARALLEL) $(NBVAL) $(NOTEBOOKS) $(UNIT)
 
 book-strict: setup
 	$(BIN)/jupyter-book build . --path-output . --warningiserror --nitpick --keep-going

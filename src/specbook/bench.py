@@ -303,8 +303,9 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
     token, from the last round; ``bandwidth_gb_s`` the target's weight bytes times tokens per second
     (gpt-fast's "bandwidth achieved": past the machine's copy bandwidth, `specbook.profile.copy_bandwidth`,
     only a method that makes several tokens per read of the weights can go). Each method runs once
-    untimed first, to pay for lazy initialisation (unless the environment sets ``SPECBOOK_ONE_ROUND``,
-    as `make nbval` does: then one round and no warm-up, since nbval ignores timing cells' outputs);
+    untimed first, to pay for lazy initialisation (unless the environment sets ``SPECBOOK_QUICK_TIMING``,
+    as `make nbval` does: then one round on the first prompt and no warm-up, since nbval ignores timing
+    cells' outputs);
     ``warm_every_prompt`` runs it untimed on every prompt, so that compiled steps meet every input
     length the timed runs will (the last step of a speculative run verifies fewer drafts).
 
@@ -317,9 +318,9 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
     (`speedup_range`). Two methods whose ranges overlap are not told apart by this run (`fastest`).
     """
     check_integer("repeats", repeats, 1)
-    one_round = bool(os.environ.get("SPECBOOK_ONE_ROUND"))  # `make nbval`: timing cells run, unchecked
-    repeats = 1 if one_round else repeats
-    for method in [] if one_round else methods:
+    quick = bool(os.environ.get("SPECBOOK_QUICK_TIMING"))  # `make nbval`: timing cells run, unchecked
+    repeats, prompts = (1, prompts[:1]) if quick else (repeats, prompts)
+    for method in [] if quick else methods:
         for input_ids in prompts if warm_every_prompt else prompts[:1]:
             method.run(input_ids, seed)
     times = [[[] for _ in prompts] for _ in methods]  # [method][prompt] -> seconds of each round
