@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -32,14 +33,20 @@ from specbook.exercises import CHECKS, FAIL, PASS, Outcome, tiny
 from specbook.exercises.ch01 import _warp
 from specbook.exercises.ch04 import speculative_greedy_reference
 from specbook.exercises.ch05 import _lookup_variant
-from specbook.drafters import LookaheadDrafter
+from specbook.drafters import BlockwiseDrafter, LookaheadDrafter, OuroborosDrafter
+from specbook.drafters.ouroboros import PhrasePool
 from specbook.drafters.medusa import DEFAULT_TREE
+from specbook.heads import MedusaHeads
+from specbook.mtp import MultiTokenHeads, mtp_model, mtp_predictions
 from specbook.exercises.ch06 import greedy_walk, siblings_output, tree_tokens_per_call_reference
 from specbook.exercises.ch04b import (encoder_decoder_speedup_reference, greedy_seq2seq_reference,
                                      seq2seq_rollback_reference, tiny_seq2seq_parts)
 from specbook.exercises.ch06b import collect_ngrams_reference, greedy_continuation, jacobi_reference
+from specbook.exercises.ch06c import (blockwise_accept_reference, confidence_rows, multi_token_loss_reference,
+                                     phrases_after_reference)
 from specbook.rejection import acceptance_rate, output_distribution, residual_distribution, verify_chain
 from specbook.theory import expected_tokens_per_step, optimal_k, speedup
+from specbook.train.heads import mtp_loss
 from specbook.trees import tree_positions, verify_tree_greedy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -773,6 +780,119 @@ WRONG.update({
     },
 })
 
+# Chapter 6c
+
+
+def _blockwise_accept(block, base_choices, *, every_match=False, unchecked=0, bonus=0, first_taken=False):
+    """k̂ by hand, and with switches the usual mistakes."""
+    if first_taken:  # ŷ_1 counted without a look: an empty block accepts one
+        return 1 + _blockwise_accept(block[1:], base_choices[1:])
+    matches = [guess == choice for guess, choice in zip(block, base_choices)]
+    if every_match:
+        return sum(matches)
+    checked = matches[: len(matches) - unchecked]
+    return next((i for i, match in enumerate(checked) if not match), len(checked)) + bonus
+
+
+def _multi_token_loss(logits, tokens, *, shift=1, same_target=False, wrap=False, pad=None, heads_mean=False,
+                      pooled=False, summed=False):
+    """The multi-token loss by hand (log_softmax and gather), and with switches the usual mistakes."""
+    heads, length, _ = logits.shape
+    log_probs = logits.log_softmax(-1)  # (n, T, vocab)
+    per_head = []
+    for i in range(heads):
+        offset = shift if same_target else shift + i
+        if wrap:
+            rows, labels = log_probs[i], tokens.roll(-offset)
+        elif pad is not None:
+            rows, labels = log_probs[i], torch.cat([tokens[offset:], tokens.new_full((offset,), pad)])
+        else:
+            rows, labels = log_probs[i, : length - offset], tokens[offset:]
+        per_head.append(-rows.gather(-1, labels[:, None])[:, 0])  # (positions,)
+    if pooled:
+        return torch.cat(per_head).mean()
+    total = sum(losses.sum() if summed else losses.mean() for losses in per_head)
+    return total / heads if heads_mean else total
+
+
+def _cape_siblings(top1_probs, bins, budget, *, greedy_counted=True, shared=True, limited=True,
+                   deepest_first=False, bin_of=lambda p: math.floor(10 * p), capped=True):
+    """CaPE's siblings per depth by hand, and with switches the usual mistakes."""
+    room = (budget - len(top1_probs) if shared else budget) if limited else math.inf
+    siblings = [0] * len(top1_probs)
+    for depth in sorted(range(len(top1_probs)), reverse=deepest_first):
+        index = bin_of(top1_probs[depth])
+        candidates = bins[min(index, len(bins) - 1) if capped else index]
+        siblings[depth] = int(min(candidates - (1 if greedy_counted else 0), room))
+        room -= siblings[depth]
+    return siblings
+
+
+def _phrases_after(tokens, key, phrase_length, count, *, newest_first=True, unique=True, with_key=False,
+                   whole=True, first_seen=False, limited=True):
+    """The pool's phrases after ``key`` by hand, and with switches the usual mistakes."""
+    found = []  # oldest first
+    for i, token in enumerate(tokens):
+        if token == key:
+            phrase = tuple(tokens[i: i + phrase_length]) if with_key else tuple(tokens[i + 1: i + 1 + phrase_length])
+            if len(phrase) == phrase_length or not whole:
+                found.append(phrase)
+    if unique:  # each phrase once, at its newest place (or, by mistake, at its first)
+        found = list(dict.fromkeys(found)) if first_seen else list(dict.fromkeys(found[::-1]))[::-1]
+    ordered = found[::-1] if newest_first else found
+    return ordered[:count] if limited else ordered
+
+
+REFERENCES.update({
+    "blockwise_accept": _blockwise_accept,
+    "multi_token_loss": _multi_token_loss,
+    "cape_siblings": _cape_siblings,
+    "phrases_after": _phrases_after,
+})
+
+WRONG.update({
+    "blockwise_accept": {
+        "every match counted, not the leading run": lambda *args: _blockwise_accept(*args, every_match=True),
+        "the last token never checked": lambda *args: _blockwise_accept(*args, unchecked=1),
+        "a bonus token added, k̂ + 1": lambda *args: _blockwise_accept(*args, bonus=1),
+        "ŷ_1 taken without a look: an empty block accepts one": lambda *args: _blockwise_accept(*args,
+                                                                                                first_taken=True),
+        "the drafts only, ŷ_1 not counted": lambda *args: max(_blockwise_accept(*args) - 1, 0),
+        "the verdicts, not k̂": lambda block, choices: [guess == choice for guess, choice in zip(block, choices)],
+    },
+    "multi_token_loss": {
+        "the same target for every head, no shift by i": lambda *args: _multi_token_loss(*args, same_target=True),
+        "the mean over the heads": lambda *args: _multi_token_loss(*args, heads_mean=True),
+        "the targets wrapped past the end": lambda *args: _multi_token_loss(*args, wrap=True),
+        "the targets padded past the end with token 0": lambda *args: _multi_token_loss(*args, pad=0),
+        "off by one: head i on tokens[t + i]": lambda *args: _multi_token_loss(*args, shift=0),
+        "off by one: head i on tokens[t + 2 + i]": lambda *args: _multi_token_loss(*args, shift=2),
+        "one mean over every head's positions": lambda *args: _multi_token_loss(*args, pooled=True),
+        "summed over the positions (Eq. 2 read literally)": lambda *args: _multi_token_loss(*args, summed=True),
+        "the log-likelihood, not its negative": lambda *args: -_multi_token_loss(*args),
+        "the per-head losses, not their sum": lambda logits, tokens: [
+            _multi_token_loss(logits[i:i + 1], tokens[i:]) for i in range(len(logits))],
+    },
+    "cape_siblings": {
+        "the greedy token not subtracted": lambda *args: _cape_siblings(*args, greedy_counted=False),
+        "the budget ignored": lambda *args: _cape_siblings(*args, limited=False),
+        "the chain left out of the budget": lambda *args: _cape_siblings(*args, shared=False),
+        "the deepest depths first": lambda *args: _cape_siblings(*args, deepest_first=True),
+        "the bin from round(10 p)": lambda *args: _cape_siblings(*args, bin_of=lambda p: round(10 * p)),
+        "floor(10 p) not capped: p = 1.0 overflows the bins": lambda *args: _cape_siblings(*args, capped=False),
+        "the total, not per depth": lambda *args: sum(_cape_siblings(*args)),
+    },
+    "phrases_after": {
+        "oldest first": lambda *args: _phrases_after(*args, newest_first=False),
+        "duplicates kept": lambda *args: _phrases_after(*args, unique=False),
+        "the key included in each phrase": lambda *args: _phrases_after(*args, with_key=True),
+        "phrases cut off by the end kept": lambda *args: _phrases_after(*args, whole=False),
+        "each phrase at its first place, not its newest": lambda *args: _phrases_after(*args, first_seen=True),
+        "count ignored": lambda *args: _phrases_after(*args, limited=False),
+    },
+})
+
+
 CHAPTER_7_MESSAGES = [  # (checker, wrong answer, what its message must say)
     ("left_pad", "padded on the right", "pads on the right"),
     ("left_pad", "the mask inverted", "inverted"),
@@ -1008,11 +1128,41 @@ CHAPTER_6B_MESSAGES = [  # (checker, wrong answer, what its message must say)
 ]
 
 
-LATER_MESSAGES = CHAPTER_4B_MESSAGES + CHAPTER_6B_MESSAGES + CHAPTER_7_MESSAGES
+CHAPTER_6C_MESSAGES = [  # (checker, wrong answer, what its message must say)
+    ("blockwise_accept", "every match counted, not the leading run", "not the leading run"),
+    ("blockwise_accept", "the last token never checked", "last token is never compared"),
+    ("blockwise_accept", "a bonus token added, k̂ + 1", "bonus token"),
+    ("blockwise_accept", "ŷ_1 taken without a look: an empty block accepts one", "an empty block has no token"),
+    ("blockwise_accept", "the drafts only, ŷ_1 not counted", "counts ŷ_1 too"),
+    ("multi_token_loss", "the same target for every head, no shift by i", "every head is scored on the next token"),
+    ("multi_token_loss", "the mean over the heads", "the mean over the heads"),
+    ("multi_token_loss", "the targets wrapped past the end", "wrap around the end"),
+    ("multi_token_loss", "the targets padded past the end with token 0", "padded past the end"),
+    ("multi_token_loss", "off by one: head i on tokens[t + i]", "one short"),
+    ("multi_token_loss", "off by one: head i on tokens[t + 2 + i]", "one too far"),
+    ("multi_token_loss", "one mean over every head's positions", "pools every head's positions"),
+    ("multi_token_loss", "summed over the positions (Eq. 2 read literally)", "sums over the positions"),
+    ("multi_token_loss", "the log-likelihood, not its negative", "negative log-likelihood"),
+    ("cape_siblings", "the greedy token not subtracted", "the chain's greedy token included"),
+    ("cape_siblings", "the budget ignored", "the budget is ignored"),
+    ("cape_siblings", "the chain left out of the budget", "counts the chain's nodes too"),
+    ("cape_siblings", "the deepest depths first", "The shallowest come first"),
+    ("cape_siblings", "the bin from round(10 p)", "floor(10 p)"),
+    ("cape_siblings", "floor(10 p) not capped: p = 1.0 overflows the bins", "the last bin takes the rest"),
+    ("phrases_after", "oldest first", "oldest first"),
+    ("phrases_after", "duplicates kept", "Offer each once"),
+    ("phrases_after", "the key included in each phrase", "start with the key"),
+    ("phrases_after", "phrases cut off by the end kept", "cut off by the end"),
+    ("phrases_after", "each phrase at its first place, not its newest", "the newest place each occurred"),
+    ("phrases_after", "count ignored", "at most count"),
+]
+
+
+LATER_MESSAGES = CHAPTER_4B_MESSAGES + CHAPTER_6B_MESSAGES + CHAPTER_6C_MESSAGES + CHAPTER_7_MESSAGES
 
 
 @pytest.mark.parametrize("name, label, phrase", LATER_MESSAGES, ids=[f"{n}: {w}" for n, w, _ in LATER_MESSAGES])
-def test_messages_name_the_mistakes_of_chapters_4b_6b_and_7(name, label, phrase):
+def test_messages_name_the_mistakes_of_chapters_4b_6b_6c_and_7(name, label, phrase):
     message = CHECKS[name].outcome(WRONG[name][label]).message
     assert phrase in message, message
 
@@ -1054,6 +1204,87 @@ def test_collect_ngrams_cases_agree_with_the_lookahead_drafter():
         pool = {(first, rest) for first, rests in drafter.pool.items() for rest in rests}
         assert pool == set(collect_ngrams_reference(levels, new)) == set(case.expected), case.label
         assert drafter.levels == levels[1:] + [list(new)], case.label
+
+
+def test_blockwise_accept_reference_is_what_the_engine_accepts():
+    """On a tiny random target with random heads, every step of a BlockwiseDrafter's greedy generation keeps k̂ - 1
+    drafts, with k̂ the reference's on the block (the pending token, then the drafts) and the target's choices."""
+    target = tiny.tiny_model(1)
+    heads = MedusaHeads(target.config.hidden_size, 3)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for block in heads.blocks:
+            block.weight.normal_(0, 0.05, generator=generator)  # heads that are right now and then
+    prompt = tiny.random_prompt(5, 6)
+    run = speculative_generate(target, BlockwiseDrafter(target, heads), prompt, 40, k=3, sampler=Sampler(0))
+    assert run.token_ids == autoregressive_generate(target, prompt, 40, Sampler(0)).token_ids
+    text, accepted = prompt[0].tolist() + run.token_ids, []
+    done = len(run.steps[0].drafted[: run.steps[0].accepted]) + 1
+    for step in run.steps[1:]:  # the first step's pending token is the prompt's, not the target's choice
+        before = len(prompt[0]) + done - 1  # the text before the pending token
+        block = [text[before]] + step.drafted
+        with torch.no_grad():
+            rows = target(torch.tensor([text[:before] + block])).logits[0, before - 1:]  # (k + 1, vocab)
+        choices = rows.argmax(-1).tolist()[: len(block)]
+        assert choices[0] == block[0]  # ŷ_1 is the base model's own choice
+        assert blockwise_accept_reference(block, choices) == step.accepted + 1
+        accepted.append(step.accepted + 1)
+        done += step.accepted + 1
+    assert {1, 2, 4} <= set(accepted), accepted  # blocks cut at once, cut later, and taken whole
+
+
+def test_multi_token_loss_reference_is_mtp_loss():
+    """The package's training loss on one text equals the reference on the heads' logits stacked (n, T, vocab),
+    whatever the logits at the positions without a target (here noise)."""
+    target = tiny.tiny_model(1)
+    mtp = MultiTokenHeads.for_target(target, num_tokens=3, layers=1)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for block in mtp.heads.blocks:
+            block.weight.normal_(0, 0.3, generator=generator)
+    model, window = mtp_model(target, mtp), tiny.random_prompt(7, 12)  # (1, T)
+    with torch.no_grad():
+        loss = float(mtp_loss(mtp.heads, model, window[:, :-1], window[:, 1:]))
+        predictions = mtp_predictions(model, mtp.heads, window)  # head i: (1, T - i, vocab), labels window[:, i:]
+    length, vocab = window.shape[1], tiny.VOCAB
+    stacked = torch.randn(len(predictions), length, vocab, generator=generator)  # (n, T, vocab)
+    for i, (logits, labels) in enumerate(predictions):
+        assert torch.equal(labels[0], window[0, 1 + i:])
+        stacked[i, : length - 1 - i] = logits[0]
+    assert math.isclose(multi_token_loss_reference(stacked, window[0]), loss, rel_tol=1e-5)
+
+
+def test_cape_cases_are_clear_cut_and_cover_every_rule():
+    """Every top-1 probability is the strict largest of its row and far from a bin's edge (so floor(10 p), p * 10
+    and p / 0.1 agree); the cases run out of budget, pass a short table's last bin, and tell floor from round."""
+    covered = set()
+    for case in CHECKS["cape_siblings"].cases():
+        top1_probs, bins, budget = case.args
+        for p in top1_probs:
+            assert math.floor(10 * p) == math.floor(p / 0.1) == int(p * 10), (case.label, p)
+        covered.add("budget" * (sum(case.expected) == budget - len(top1_probs) > 0))
+        covered.add("capped" * any(int(10 * p) >= len(bins) for p in top1_probs))
+        covered.add("floor" * any(bins[min(round(10 * p), len(bins) - 1)] != bins[min(int(10 * p), len(bins) - 1)]
+                                  for p in top1_probs))
+    assert {"budget", "capped", "floor"} <= covered
+    rows = confidence_rows([0.05, 0.5, 1.0], seed=0)
+    top_two = rows.topk(2, -1).values
+    assert torch.equal(top_two[:, 0], torch.tensor([0.05, 0.5, 1.0], dtype=torch.float64))
+    assert (top_two[:, 0] > top_two[:, 1]).all() and torch.allclose(rows.sum(-1), torch.ones(3, dtype=torch.float64))
+
+
+def test_phrases_cases_agree_with_the_ouroboros_drafter():
+    """The reference does not depend on the pool's per_key (any per_key >= count), and is what an
+    OuroborosDrafter's pool offers after it has read the same text as a prompt."""
+    for case in CHECKS["phrases_after"].cases():
+        tokens, key, length, count = case.args
+        for per_key in (count, count + 3, 50):
+            pool = PhrasePool(length, per_key)
+            pool.add(tokens)
+            assert [tuple(phrase) for phrase in pool.after(key, count)] == case.expected, (case.label, per_key)
+        drafter = OuroborosDrafter(tiny.tiny_model(0), phrase_length=length)
+        drafter.start(torch.tensor([tokens]))
+        assert drafter.pool.after(key, count) == phrases_after_reference(tokens, key, length, count) == case.expected
 
 
 def test_decoding_cases_have_clear_greedy_choices_and_agree_with_the_engine():

@@ -183,6 +183,8 @@ def test_cape_adds_siblings_where_the_draft_is_unsure():
     draft = CaPE(budget=5, bins=(3, 3, 3, 3, 2, 2, 2, 2, 1, 1)).expand(chain, probs)
     assert draft.tokens.tolist() == [2, 0, 1, 0, 2] and draft.parents == [-1, 0, 1, -1, 0] and draft.probs is None
     assert CaPE(budget=4, bins=(3,)).expand(chain, probs).tokens.tolist() == [2, 0, 1, 0]  # the budget ran out
+    with pytest.raises(ValueError, match="budget=2\\) is smaller than the chain of 3 drafts"):
+        CaPE(budget=2).expand(chain, probs)  # no room even for the chain: refused, not sliced from the end
 
 
 def test_the_cross_attention_sees_only_keys_below_each_querys_limit():

@@ -52,6 +52,9 @@ class CaPE:
         """The token tree of the greedy ``chain`` (n,) and the draft's own distributions (n, vocab) it was picked
         from: the chain first (nodes 0 .. n - 1, each the child of the one before), then the siblings of each
         d_i, children of d_i's parent, most likely first. Deterministic: no p."""
+        if len(chain) > self.budget:
+            raise ValueError(f"CaPE's node budget (budget={self.budget}) is smaller than the chain of {len(chain)} "
+                             "drafts it would expand")
         top1 = own_probs.max(-1).values.tolist()  # (n,)
         ranked = own_probs.topk(min(max(self.bins), own_probs.shape[-1]), -1).indices  # (n, most candidates)
         tokens, parents, room = [chain], list(range(-1, len(chain) - 1)), self.budget - len(chain)
