@@ -382,3 +382,16 @@ def test_trace_renders_html_and_ansi():
     assert str(render_trace(generation, Letters())) == "a[e]bcd"
     with pytest.raises(ValueError, match="style"):
         render_trace(generation, Letters(), style="latex")
+
+
+def test_glue_hands_python_numbers_to_myst_nb(monkeypatch):
+    """The book's prose formats glued values ({glue:text}`name:.2f`): a NumPy scalar must arrive as a float."""
+    import myst_nb
+
+    from specbook.glue import glue
+
+    recorded = []
+    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display: recorded.append((name, value, display)))
+    glue("c", np.float64(0.069))
+    glue("k", 5)
+    assert recorded == [("c", 0.069, False), ("k", 5, False)] and type(recorded[0][1]) is float
