@@ -22,7 +22,9 @@ def tiny_model(vocab_size=64, hidden_size=32, num_layers=2, seed=0, max_position
 
 # --- lossless under sampling: the whole output sequence follows the target's exact distribution
 
-VOCAB, NEW_TOKENS, SAMPLES = 3, 3, 1000  # every broken variant here fails with 400
+# 600 samples: most broken variants here fail with 400; the two subtlest (a fresh draw from q after a prompt
+# lookup's mismatch, phrases reported with a wrong p) pass 600 and ask for 1000 themselves.
+VOCAB, NEW_TOKENS, SAMPLES = 3, 3, 600
 BATCH = 500  # rows a batched chi-square test draws at once
 SAMPLERS = [Sampler(1.0), Sampler(0.7, top_k=3, top_p=0.9)]
 

@@ -64,7 +64,7 @@ def test_chi_square_catches_a_fresh_sample_after_a_mismatch(tiny_pair, monkeypat
     """NASD's own loop draws the correction from q itself after a mismatch: biased toward the draft, and caught."""
     monkeypatch.setattr(specbook.rejection, "residual_distribution",
                         lambda target_probs, draft_probs, **_: target_probs)
-    assert chi_square_p_value(tiny_pair[0], PromptLookupDrafter(), SAMPLERS[0], batch=BATCH) < 1e-6
+    assert chi_square_p_value(tiny_pair[0], PromptLookupDrafter(), SAMPLERS[0], samples=1000, batch=BATCH) < 1e-6
 
 
 def test_the_engine_feeds_the_filler(target):

@@ -127,7 +127,7 @@ def test_a_padded_encoder_input_is_masked(family):
 
 # --- lossless under sampling
 
-def _p_value(samples=1000, length=3):
+def _p_value(samples=600, length=3):
     """The chi-square test of tests/support.py, on a 3-token encoder-decoder target and a different draft."""
     import itertools
 
