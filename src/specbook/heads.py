@@ -21,8 +21,9 @@ Kangaroo, Liu et al. 2024):
 - `ExitHead`: a final norm and an LM head of its own, read after the target's first L layers
   (``exit_layer``). `early_exit_model` builds the draft: the target's embedding and first L layers,
   shared, finished by the head. Draft & Verify skips layers without training anything; LayerSkip
-  trains the whole model to exit early; Kangaroo, like this head, freezes the target and trains
-  only what sits on top of its shallow layers.
+  trains the whole model to exit early; Kangaroo also freezes the target, but trains an adapter (a
+  transformer layer) on its shallow layers and reuses the target's LM head, where this head trains
+  a final norm and an LM head of its own.
 
 The drafters that use them live in `specbook.drafters.medusa`, `specbook.drafters.eagle` and
 `specbook.drafters.early_exit`; the training recipes in `specbook.train`. A head saves to a
