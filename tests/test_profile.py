@@ -91,12 +91,12 @@ def test_decode_latency_leaves_the_prefill_out(target):
         decode_latency(target, PROMPTS[0], new_tokens=1)
 
 
-def test_one_round_on_one_prompt_when_the_environment_asks(target, draft, monkeypatch):
-    """`make nbval` runs the chapters' timing cells once each on their first prompt, unwarmed: nbval ignores
-    what they print."""
+def test_one_round_when_the_environment_asks(target, draft, monkeypatch):
+    """`make nbval` runs the chapters' timing cells once each, unwarmed: nbval ignores what they print, but a
+    later cell may count from their rows, so every prompt runs."""
     monkeypatch.setenv("SPECBOOK_QUICK_TIMING", "1")
     method = autoregressive(target, Sampler(0), 4)
     runs = []
     method.run = lambda input_ids, seed, run=method.run: runs.append(input_ids) or run(input_ids, seed)
     rows = run_benchmark([method], PROMPTS, repeats=3, progress=False)
-    assert len(runs) == 1 and runs[0] is PROMPTS[0] and len(rows[0]["round_seconds"]) == 1 and rows[0]["tokens"] == 4
+    assert len(runs) == len(PROMPTS) and len(rows[0]["round_seconds"]) == 1

@@ -304,8 +304,8 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
     (gpt-fast's "bandwidth achieved": past the machine's copy bandwidth, `specbook.profile.copy_bandwidth`,
     only a method that makes several tokens per read of the weights can go). Each method runs once
     untimed first, to pay for lazy initialisation (unless the environment sets ``SPECBOOK_QUICK_TIMING``,
-    as `make nbval` does: then one round on the first prompt and no warm-up, since nbval ignores timing
-    cells' outputs);
+    as `make nbval` does: then one round and no warm-up, since nbval ignores timing cells' outputs; every
+    prompt still runs, for the counts a later cell may read from the rows);
     ``warm_every_prompt`` runs it untimed on every prompt, so that compiled steps meet every input
     length the timed runs will (the last step of a speculative run verifies fewer drafts).
 
@@ -319,7 +319,7 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
     """
     check_integer("repeats", repeats, 1)
     quick = bool(os.environ.get("SPECBOOK_QUICK_TIMING"))  # `make nbval`: timing cells run, unchecked
-    repeats, prompts = (1, prompts[:1]) if quick else (repeats, prompts)
+    repeats = 1 if quick else repeats
     for method in [] if quick else methods:
         for input_ids in prompts if warm_every_prompt else prompts[:1]:
             method.run(input_ids, seed)
