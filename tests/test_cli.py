@@ -201,8 +201,18 @@ def test_the_batch_suite_writes_one_row_per_batch_size_and_method(tmp_path, caps
             assert row["seconds_min"] is None and row["speedup_vs_ar_max"] is None
     assert set(results["fastest"]) == {"1", "3"} and results["fastest"]["1"]["distinguishable"] is False  # 1 round
     assert "measured_every_round" in results["crossover"]
+    from specbook import Sampler, load_pair, speculative_generate
+    from specbook.batch_bench import batch_prompts
+    from specbook.records import acceptance_rate
+
+    pair = load_pair("shakespeare")  # alpha: accepted over tested, pooled over every row of the largest batch
+    ids, mask = pair.encode_batch(batch_prompts(3))
+    probe = speculative_generate(pair.target, pair.draft, ids, 6, k=2, sampler=Sampler(0), attention_mask=mask)
+    assert (results["alpha_rows"], results["alpha_k"]) == (3, 2)
+    assert results["alpha"] == acceptance_rate([step for row in probe for step in row.steps])
     out = capsys.readouterr().out
     assert "speedup over batched autoregressive decoding" in out and "x (" in out and "batch 3: fastest" in out
+    assert "(accepted over tested, 3 rows, K = 2)" in out
 
 
 def test_the_batch_suite_measures_batch_sizes_that_do_not_start_at_one(tmp_path, capsys):

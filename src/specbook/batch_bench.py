@@ -4,8 +4,8 @@ speculation stops paying.
 `call_costs` times the calls the batched engine makes: one call of a model on n new positions per row,
 after a context, at each batch size (over a `specbook.ragged.RaggedCache`, as `specbook.batch` calls it).
 Their ratios are chapter 3's costs at batch size B: the draft's cost ratio c_B (a draft call over a
-target call on one position) and the verification ratio r_B(K) (a target call on K + 1 positions over
-one on one), which `specbook.theory.batch_speedup` turns into a predicted speedup and
+target call on one position) and the verification ratio v_B(K + 1) (a target call on K + 1 positions
+over one on one), which `specbook.theory.batch_speedup` turns into a predicted speedup and
 `specbook.policies.BatchSizeK.from_costs` into a draft length per batch size.
 
 `batch_suite` then times, at each batch size, on the same left-padded prompts: batched autoregressive
@@ -32,6 +32,7 @@ from .decoding import autoregressive_generate, speculative_generate
 from .models import assets_dir
 from .policies import BatchSizeK, check_integer
 from .ragged import RaggedCache
+from .records import acceptance_rate
 from .spread import fastest, show_spreads, speedup_range, spread_of, tie_text
 from .theory import batch_speedup
 
@@ -96,7 +97,10 @@ def _assisted_refusal(target, draft, input_ids, attention_mask) -> str | None:
 def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0, progress=True) -> dict:
     """The batch benchmark (module docstring): one row per (batch size, method), and the costs and policy
     it used. ``speedup_vs_ar`` is over batched autoregressive decoding at the same batch size;
-    ``predicted_speedup`` is `specbook.theory.batch_speedup` with the measured alpha, c_B and r_B(K).
+    ``predicted_speedup`` is `specbook.theory.batch_speedup` with the measured alpha, c_B and v_B(K + 1). That
+    alpha (``alpha``, for the formula and the policy) is alpha-hat, accepted over tested drafts, pooled over the
+    rows of the largest batch -- every prompt the suite decodes at any batch size (``alpha_rows`` of them) -- in
+    one generation at the largest K (``alpha_k``), with the suite's sampler.
 
     ``seconds`` is the median of a method's ``repeats`` rounds, ``seconds_min`` and ``seconds_max`` its
     fastest and slowest; round r runs every method once, so ``speedup_vs_ar_min`` and ``speedup_vs_ar_max``
@@ -117,10 +121,10 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
     drafting = call_costs(draft, batch_sizes, [1], context, rounds)
     cost_ratio = {b: drafting[b][0] / verify[b][0] for b in batch_sizes}
     verify_ratio = {b: [t / verify[b][0] for t in verify[b]] for b in batch_sizes}
-    ids, mask = pair.encode_batch(batch_prompts(min(batch_sizes)))
+    ids, mask = pair.encode_batch(batch_prompts(max(batch_sizes)))  # every row the suite decodes
     probe = speculative_generate(target, draft, ids, max_new_tokens, k=max(ks), sampler=sampler, seed=seed,
                                  attention_mask=mask)  # alpha, for the formula and the policy
-    alpha = statistics.fmean(row.stats.acceptance_rate for row in probe)
+    alpha = acceptance_rate([step for row in probe for step in row.steps])  # accepted over tested, all rows
     policy = BatchSizeK.from_costs(alpha, cost_ratio, verify_ratio)
     rows, ranked = [], {}
     for batch in tqdm(batch_sizes, desc="batch sizes", disable=not progress):
@@ -167,7 +171,8 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
             rows.append({**dict.fromkeys(rows[-1]), "batch_size": batch, "method": "hf assisted",
                          "refused": _assisted_refusal(target, draft, ids, mask)})  # no timing: it refuses
     return {"machine": machine(), "pair": pair.name, "max_new_tokens": max_new_tokens, "repeats": repeats,
-            "temperature": sampler.temperature, "cost_context": context, "alpha": alpha, "policy": policy.k_by_batch,
+            "temperature": sampler.temperature, "cost_context": context, "alpha": alpha,
+            "alpha_rows": max(batch_sizes), "alpha_k": max(ks), "policy": policy.k_by_batch,
             "costs": {b: {"verify_ms": [1000 * t for t in verify[b]], "draft_ms": 1000 * drafting[b][0],
                           "cost_ratio": cost_ratio[b], "verify_ratio": verify_ratio[b]} for b in batch_sizes},
             "crossover": crossover(rows, 4), "fastest": ranked, "rows": rows}
@@ -212,8 +217,10 @@ def report(results: dict) -> str:
         lines.append(f"batch {batch}: a target call on 1..{len(cost['verify_ratio'])} positions per row costs "
                      f"{ratios} x one ({cost['verify_ms'][0]:.1f} ms); c = {cost['cost_ratio']:.3f}")
     refusals = {row["refused"] for row in results["rows"] if row.get("refused")}
-    lines += [f"alpha = {results['alpha']:.3f}; batch-size policy {results['policy']}; K = 4 stops paying at batch "
-              f"size {crossing['measured']} (measured), {crossing.get('measured_every_round', '-')} (in every "
+    over = (f" (accepted over tested, {results['alpha_rows']} rows, K = {results['alpha_k']})"
+            if "alpha_rows" in results else "")
+    lines += [f"alpha = {results['alpha']:.3f}{over}; batch-size policy {results['policy']}; K = 4 stops paying "
+              f"at batch size {crossing['measured']} (measured), {crossing.get('measured_every_round', '-')} (in every "
               f"round), {crossing['predicted']} (predicted)",
               *(f"hf assisted at batch size > 1: {refusal}" for refusal in refusals)]
     for batch, ranked in results.get("fastest", {}).items():
