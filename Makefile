@@ -35,9 +35,10 @@ PARALLEL   := -n 2 --dist loadfile
 ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 # nbval: every notebook re-executed, its outputs compared with the committed ones (timing cells excepted).
-# SPECBOOK_QUICK_TIMING: the timing cells run one round, unwarmed (`specbook.bench.run_benchmark`): nbval
-# ignores their outputs (cells that count from their rows still see every prompt), and `make notebooks` still
-# runs every round (so do the unit tests: tests/conftest.py).
+# SPECBOOK_QUICK_TIMING: the timing cells run one round, unwarmed, on their first prompt
+# (`specbook.bench.run_benchmark`): nbval ignores their outputs. A timing cell whose rows a later cell counts
+# from runs every prompt (`counts_from_rows=True`). `make notebooks` still runs every round on every prompt
+# (so do the unit tests: tests/conftest.py).
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 UNIT  := tests --ignore=tests/browser
 

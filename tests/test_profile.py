@@ -92,11 +92,14 @@ def test_decode_latency_leaves_the_prefill_out(target):
 
 
 def test_one_round_when_the_environment_asks(target, draft, monkeypatch):
-    """`make nbval` runs the chapters' timing cells once each, unwarmed: nbval ignores what they print, but a
-    later cell may count from their rows, so every prompt runs."""
+    """`make nbval` runs the chapters' timing cells once each, unwarmed, on their first prompt: nbval ignores
+    what they print. A cell whose rows a later cell counts from (``counts_from_rows``) runs every prompt."""
     monkeypatch.setenv("SPECBOOK_QUICK_TIMING", "1")
     method = autoregressive(target, Sampler(0), 4)
     runs = []
     method.run = lambda input_ids, seed, run=method.run: runs.append(input_ids) or run(input_ids, seed)
     rows = run_benchmark([method], PROMPTS, repeats=3, progress=False)
+    assert len(runs) == 1 and runs[0] is PROMPTS[0] and len(rows[0]["round_seconds"]) == 1
+    runs.clear()
+    rows = run_benchmark([method], PROMPTS, repeats=3, progress=False, counts_from_rows=True)
     assert len(runs) == len(PROMPTS) and len(rows[0]["round_seconds"]) == 1

@@ -290,7 +290,7 @@ def multi_token(mtp_target, heads, sampler, max_new_tokens):
                         name="MTP heads, chain (vs the MTP model)")]
 
 
-def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every_prompt=False):
+def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every_prompt=False, counts_from_rows=False):
     """Time every method on every prompt (``prompts``: list of (1, T) tensors); return a list of row dicts.
 
     The runs are interleaved: each of ``repeats`` rounds runs every method on every prompt in turn,
@@ -304,8 +304,9 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
     (gpt-fast's "bandwidth achieved": past the machine's copy bandwidth, `specbook.profile.copy_bandwidth`,
     only a method that makes several tokens per read of the weights can go). Each method runs once
     untimed first, to pay for lazy initialisation (unless the environment sets ``SPECBOOK_QUICK_TIMING``,
-    as `make nbval` does: then one round and no warm-up, since nbval ignores timing cells' outputs; every
-    prompt still runs, for the counts a later cell may read from the rows);
+    as `make nbval` does: then one round on the first prompt and no warm-up, since nbval ignores timing
+    cells' outputs; ``counts_from_rows`` says that a later cell counts from the rows -- acceptance, tokens
+    per call -- and nbval compares what it prints, so every prompt runs, once);
     ``warm_every_prompt`` runs it untimed on every prompt, so that compiled steps meet every input
     length the timed runs will (the last step of a speculative run verifies fewer drafts).
 
@@ -320,6 +321,7 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
     check_integer("repeats", repeats, 1)
     quick = bool(os.environ.get("SPECBOOK_QUICK_TIMING"))  # `make nbval`: timing cells run, unchecked
     repeats = 1 if quick else repeats
+    prompts = prompts[:1] if quick and not counts_from_rows else prompts
     for method in [] if quick else methods:
         for input_ids in prompts if warm_every_prompt else prompts[:1]:
             method.run(input_ids, seed)

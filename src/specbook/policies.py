@@ -244,7 +244,7 @@ class BatchSizeK(DraftLength):
         the formula at its word.
 
         The measured batch sizes need not start at 1: below the smallest one, the policy drafts that one's K.
-        A smaller batch's verification is no dearer relative to a call on one position (r_B(K) grows with B),
+        A smaller batch's verification is no dearer relative to a call on one position (v_B(K + 1) grows with B),
         so that K pays there at least as well; it is the measured choice, where a longer one would be a guess."""
         if not isinstance(min_speedup, (int, float)) or isinstance(min_speedup, bool) or not min_speedup >= 1:
             raise ValueError(f"min_speedup must be a number >= 1 (got {min_speedup!r})")

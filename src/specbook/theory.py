@@ -106,12 +106,13 @@ def optimal_k(alpha, cost_ratio, k_max: int = 64) -> int:
 
 
 def batch_speedup(alpha, k, cost_ratio, verify_ratio):
-    """Theorem 3.8 where widening a target call is not free: (1 - alpha^(K+1)) / ((1 - alpha)(c K + r)).
+    """Theorem 3.8 where widening a target call is not free: (1 - alpha^(K+1)) / ((1 - alpha)(c K + v(K + 1))).
 
-    ``verify_ratio`` r is the cost of a target call that scores K + 1 positions per row relative to
-    one that scores one, at the same batch size: 1 where a call is memory-bound (a small batch on a
-    GPU), more as the batch grows and the call turns compute-bound (chapter 7 measures it), so the
-    speedup falls below 1 where r outgrows the tokens a step emits. With r = 1 this is `speedup`.
+    ``verify_ratio`` v(K + 1) (v_B(K + 1) at batch size B, chapter 7) is the cost of a target call that
+    scores K + 1 positions per row relative to one that scores one, at the same batch size: 1 where a call
+    is memory-bound (a small batch on a GPU), more as the batch grows and the call turns compute-bound
+    (chapter 7 measures it), so the speedup falls below 1 where v(K + 1) outgrows the tokens a step emits.
+    With v(K + 1) = 1 this is `speedup`.
     """
     alpha, k = _check_alpha(alpha), _check_positive_int(k, "k")
     cost_ratio = _check_nonnegative(cost_ratio, "cost_ratio")
