@@ -14,11 +14,14 @@ SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 setup: $(STAMP)
 
+# pip byte-compiles what it installs one file at a time; compileall does the same on every core (a few files
+# that only another Python version parses fail there as they do, silently, in pip).
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-compile -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps --editable .
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	touch $(STAMP)
 
 book: setup
