@@ -193,11 +193,12 @@ def test_half_precision_greedy_agrees_with_autoregressive(dtype):
     assert result.token_ids[:10] == reference[:10]
 
 
-def test_gpu_benchmark_writes_a_complete_results_file(models, device, tmp_path):
+def test_gpu_benchmark_writes_a_complete_results_file(models, device, tmp_path, monkeypatch):
     """The benchmark's results file, on tiny models (on a CPU its numbers mean nothing; its shape is checked)."""
     from types import SimpleNamespace
 
-    from specbook.gpu import gpu_benchmark, read_results, write_results
+    from specbook.bench import read_recorded
+    from specbook.gpu import gpu_benchmark, write_results
 
     target, draft = models
     pair = SimpleNamespace(name="tiny", target=target, draft=draft)
@@ -224,9 +225,12 @@ def test_gpu_benchmark_writes_a_complete_results_file(models, device, tmp_path):
         assert best["speedup_vs_ar_min"] <= best["speedup_vs_ar"] <= best["speedup_vs_ar_max"]
         assert set(best["tied_ks"]) <= {1, 3} - {best["k"]} and best["distinguishable"] is False  # one round
         assert best["fastest_hf"] not in best["fastest_hf_tied"]
-    write_results(results, tmp_path / "gpu.json")
-    assert read_results(tmp_path / "gpu.json") == results
-    assert read_results(tmp_path / "missing.json") is None
+    write_results(results, tmp_path / "results" / "gpu.json")
+    monkeypatch.chdir(tmp_path / "results")  # as a chapter reads it, from a folder beside results/
+    assert read_recorded("gpu.json") == results
+    assert read_recorded("missing.json", required=False) is None
+    with pytest.raises(FileNotFoundError, match="--suite family --json results/family.json"):
+        read_recorded("family.json")  # says how to record it
 
 
 def test_graphs_replay_what_the_model_computes(models, device, replayed):

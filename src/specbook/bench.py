@@ -11,11 +11,13 @@ Long because it holds the method list of every chapter's table beside the runner
 measurements the chapters read next to it (alpha, per-token latency).
 """
 
+import json
 import os
 import platform
 import statistics
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -371,6 +373,33 @@ def _clock():
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()
     return time.perf_counter()
+
+
+# ----------------------------------------------------------------------------- the book's recorded runs
+
+RECORDED_BY = {  # results/<name>: the command that records it, from the repository's root
+    "family.json": "python -m specbook bench --suite family --json results/family.json",
+    "batch.json": "python -m specbook bench --suite batch --batch-sizes 1,2,4,8,16,32 --ks 1,2,3,4 --repeats 5 "
+                  "--json results/batch.json",
+    "seq2seq.json": "python -m specbook bench --suite seq2seq --json results/seq2seq.json",
+}
+
+
+def read_recorded(name: str, required: bool = True) -> dict | None:
+    """A run the book shows from its results file, ``results/<name>`` (JSON), found from the repository's root or
+    from the folder a notebook runs in (``chapters/``, ``exercises/solutions/``).
+
+    Where there is none: None if not ``required`` (a GPU run this machine has not made), else a
+    FileNotFoundError that says how to record it."""
+    for folder in ("results", "../results", "../../results"):
+        path = Path(folder) / name
+        if path.exists():
+            return json.loads(path.read_text())
+    if not required:
+        return None
+    how = RECORDED_BY.get(name, "scripts/gpu_results.sh on a machine with a GPU")
+    raise FileNotFoundError(f"results/{name} is not here: the book's recorded runs are in the repository's results/ "
+                            f"folder (run the notebook from a clone of it), or record this one: {how}")
 
 
 def machine() -> str:

@@ -142,8 +142,3 @@ def write_results(results: dict, path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(results, indent=1) + "\n")
 
-
-def read_results(path) -> dict | None:
-    """A results file written by `write_results`, or None when there is none."""
-    path = Path(path)
-    return json.loads(path.read_text()) if path.exists() else None
