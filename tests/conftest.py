@@ -19,8 +19,9 @@ torch.set_num_threads(1)
 
 @pytest.fixture(autouse=True)
 def _every_round(monkeypatch):
-    """Benchmarks in the tests run all their rounds: `make test` asks the notebooks' timing cells for one
-    (SPECBOOK_QUICK_TIMING, `specbook.bench.run_benchmark`), in the same session."""
+    """Benchmarks in the tests run all their rounds on all their prompts: `make test` asks the notebooks'
+    timing cells for one round on one prompt (SPECBOOK_QUICK_TIMING, `specbook.bench.run_benchmark`), in the
+    same session."""
     monkeypatch.delenv("SPECBOOK_QUICK_TIMING", raising=False)
 
 

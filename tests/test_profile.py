@@ -99,7 +99,7 @@ def test_one_round_when_the_environment_asks(target, draft, monkeypatch):
     runs = []
     method.run = lambda input_ids, seed, run=method.run: runs.append(input_ids) or run(input_ids, seed)
     rows = run_benchmark([method], PROMPTS, repeats=3, progress=False)
-    assert len(runs) == 1 and runs[0] is PROMPTS[0] and len(rows[0]["round_seconds"]) == 1
+    assert len(runs) == 1 and runs[0] is PROMPTS[0] and len(rows[0]["round_seconds"]) == 1 and rows[0]["tokens"] == 4
     runs.clear()
     rows = run_benchmark([method], PROMPTS, repeats=3, progress=False, counts_from_rows=True)
-    assert len(runs) == len(PROMPTS) and len(rows[0]["round_seconds"]) == 1
+    assert len(runs) == len(PROMPTS) and len(rows[0]["round_seconds"]) == 1 and rows[0]["tokens"] == 4 * len(PROMPTS)

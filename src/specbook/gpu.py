@@ -141,4 +141,3 @@ def environment() -> dict:
 def write_results(results: dict, path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(results, indent=1) + "\n")
-
