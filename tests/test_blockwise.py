@@ -18,11 +18,17 @@ def pair():
     return load_pair("shakespeare")
 
 
+@pytest.fixture(scope="module")
+def references(pair):
+    """An open-ended and an input-grounded prompt, each with the target's greedy NEW_TOKENS tokens after it."""
+    prompts = [pair.encode(text) for text in (OPEN_ENDED[0], INPUT_GROUNDED[0])]
+    return [(prompt, autoregressive_generate(pair.target, prompt, NEW_TOKENS, Sampler(0)).token_ids)
+            for prompt in prompts]
+
+
 @pytest.mark.parametrize("combined, block_size", [(True, 1), (True, 3), (True, 5), (False, 5)])
-def test_greedy_equals_autoregressive_on_the_built_in_pair(pair, block_size, combined):
-    for text in (OPEN_ENDED[0], INPUT_GROUNDED[0]):
-        prompt = pair.encode(text)
-        reference = autoregressive_generate(pair.target, prompt, NEW_TOKENS, Sampler(0)).token_ids
+def test_greedy_equals_autoregressive_on_the_built_in_pair(pair, references, block_size, combined):
+    for prompt, reference in references:
         drafter = BlockwiseDrafter.from_pretrained("shakespeare", pair.target, block_size, combined)
         result = speculative_generate(pair.target, drafter, prompt, NEW_TOKENS, k=8, sampler=Sampler(0))
         assert result.token_ids == reference

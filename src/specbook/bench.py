@@ -449,24 +449,29 @@ def acceptance(target, drafter, prompts: list[torch.Tensor], new_tokens: int = 6
 
 
 @torch.inference_mode()
-def measure_alpha(target, draft, prompts, new_tokens=64, seed=0):
+def measure_alpha(target, draft, prompts, new_tokens=64, seed=0, greedy=None):
     """How well the draft predicts the target, along the target's own continuations of ``prompts``.
 
     Returns ``greedy``: the share of the target's greedy tokens that the draft's greedy choice
     matches (the acceptance rate of greedy speculative decoding), and ``sampled``: the mean of
     alpha = sum_x min(p(x), q(x)) over positions of continuations sampled from the target at
     temperature 1 (the acceptance rate of speculative sampling, Leviathan et al. Definition 3.1).
+    ``greedy`` (optional): the target's greedy continuation of each prompt (lists of token ids), where
+    the caller has them already; by default they are generated here, ``new_tokens`` each.
     """
     from .rejection import acceptance_rate
 
+    if greedy is not None and len(greedy) != len(prompts):
+        raise ValueError(f"greedy: one continuation per prompt, got {len(greedy)} for {len(prompts)} prompts")
     matches, positions, alphas = 0, 0, []
     for index, input_ids in enumerate(prompts):
         start = input_ids.shape[1] - 1  # logits at position t predict token t + 1
-        greedy = autoregressive_generate(target, input_ids, new_tokens, Sampler(0)).token_ids
-        sequence = torch.cat([input_ids[0], torch.tensor(greedy, device=input_ids.device)])[None]
+        greedy_ids = (autoregressive_generate(target, input_ids, new_tokens, Sampler(0)).token_ids if greedy is None
+                      else greedy[index])
+        sequence = torch.cat([input_ids[0], torch.tensor(greedy_ids, device=input_ids.device)])[None]
         draft_choice = draft(sequence).logits[0, start:-1].argmax(-1)  # (new_tokens,)
         matches += int((draft_choice == sequence[0, start + 1:]).sum())
-        positions += len(greedy)
+        positions += len(greedy_ids)
         sampled = autoregressive_generate(target, input_ids, new_tokens, Sampler(1.0), seed=seed + index).token_ids
         sequence = torch.cat([input_ids[0], torch.tensor(sampled, device=input_ids.device)])[None]
         target_probs = target(sequence).logits[0, start:-1].float().softmax(-1)  # (new_tokens, vocab)

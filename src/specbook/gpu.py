@@ -30,7 +30,7 @@ def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, r
     Hugging Face's assisted generation
     with its own draft-length schedule and with each fixed K (``hf=False`` leaves it out). ``speedup_vs_hf`` compares a
     speculative row with Hugging Face at the same K; ``best`` the fastest speculative K with
-    Hugging Face's fastest row. The pair's α (`measure_alpha`, on ``prompts``) and c (per-token
+    Hugging Face's fastest row. The pair's α (`measure_alpha`, on ``prompts`` over ``max_new_tokens``) and c (per-token
     latencies on the GPU path) say what was measured, `specbook.profile.host_profile` what the host does
     per call at the greedy best K, and ``settings["warmup_seconds"]`` what the GPU path's first runs
     (capturing every graph, compiling with ``compile``) took. `write_results` stores it as JSON.
@@ -92,7 +92,8 @@ def gpu_benchmark(pair, prompts, ks=(1, 2, 3, 4, 5, 6, 8), max_new_tokens=128, r
                for name, model in (("target", target), ("draft", draft))}
     host = host_profile(target, draft, prompts[0], best["greedy"]["k"] if "greedy" in best else max(ks),
                         max_new_tokens, Sampler(0), seed, **path)
-    models = {"pair": pair.name, "alpha": measure_alpha(target, draft, prompts, seed=seed), "host_profile": host,
+    models = {"pair": pair.name, "alpha": measure_alpha(target, draft, prompts, max_new_tokens, seed),
+              "host_profile": host,
               "copy_bandwidth_gb_s": copy_bandwidth(target.device),
               "c": latency["draft"] / latency["target"],
               **{name: _describe(model, latency[name]) for name, model in (("target", target), ("draft", draft))}}
