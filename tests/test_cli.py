@@ -47,7 +47,8 @@ HEADS_TRAINED = all((assets_dir() / kind / "config.json").exists() for kind in (
 @pytest.mark.parametrize("suite, rows", [
     ("comparison", 5), ("ablation", 7),
     pytest.param("heads", 9, marks=pytest.mark.skipif(not HEADS_TRAINED, reason="the built-in heads are not trained"))])
-def test_bench_writes_a_csv(tmp_path, capsys, suite, rows):
+def test_bench_writes_a_csv(tmp_path, capsys, monkeypatch, suite, rows):
+    monkeypatch.setenv("SPECBOOK_QUICK_TIMING", "1")  # one round on one prompt: the rows, not their times
     out = tmp_path / "bench.csv"
     main(["bench", "--suite", suite, "--prompts", "open", "--ks", "1,2", "--max-new-tokens", "8", "--repeats", "1",
           "--out", str(out)])
@@ -146,9 +147,10 @@ def test_hugging_face_assisted_drafts_exactly_k():
     assert pair.draft.generation_config.num_assistant_tokens != 5  # restored afterwards
 
 
-def test_the_seq2seq_suite_races_the_encoder_decoder_pair_and_hugging_face(tmp_path, capsys):
+def test_the_seq2seq_suite_races_the_encoder_decoder_pair_and_hugging_face(tmp_path, capsys, monkeypatch):
     import json
 
+    monkeypatch.setenv("SPECBOOK_QUICK_TIMING", "1")  # one round on one passage: the rows, not their times
     out = tmp_path / "seq2seq.json"
     main(["bench", "--suite", "seq2seq", "--ks", "2,4", "--passages", "2", "--repeats", "1", "--json", str(out)])
     results = json.loads(out.read_text())
