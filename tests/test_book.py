@@ -112,6 +112,22 @@ def test_first_code_cell_installs_specbook_from_the_book_repository(path):
         "try/except ImportError), so that a local run uses the checkout")
 
 
+def test_the_package_ships_the_recorded_runs_the_notebooks_read():
+    """On Colab the package is installed and the repository is not: results/ travels inside it, as specbook/results
+    (a link in src/, package data in pyproject.toml), so every run a notebook reads is found from any folder."""
+    import tomllib
+
+    from specbook.bench import RESULTS
+
+    link = ROOT / "src" / "specbook" / "results"
+    assert link.is_symlink() and link.resolve() == (ROOT / "results").resolve()
+    assert "results/*" in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "specbook"]
+    names = {name for path in NOTEBOOKS for cell in code_cells(read(path))
+             for name in re.findall(r'read_recorded\(\s*"([^"]+)"\s*\)', cell.source)}  # the required ones
+    assert names and all((RESULTS / name).exists() for name in names), names
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids(NOTEBOOKS))
 def test_notebook_has_a_kernelspec(path):
     kernelspec = read(path).metadata.get("kernelspec", {})

@@ -385,21 +385,25 @@ RECORDED_BY = {  # results/<name>: the command that records it, from the reposit
 }
 
 
-def read_recorded(name: str, required: bool = True) -> dict | None:
-    """A run the book shows from its results file, ``results/<name>`` (JSON), found from the repository's root or
-    from the folder a notebook runs in (``chapters/``, ``exercises/solutions/``).
+RESULTS = Path(__file__).parent / "results"  # the repository's results/, which the package ships (a link in src/)
 
-    Where there is none: None if not ``required`` (a GPU run this machine has not made), else a
-    FileNotFoundError that says how to record it."""
-    for folder in ("results", "../results", "../../results"):
-        path = Path(folder) / name
-        if path.exists():
-            return json.loads(path.read_text())
+
+def read_recorded(name: str, required: bool = True) -> dict | None:
+    """A run the book shows from its results file, ``results/<name>`` (JSON).
+
+    The book's recorded runs live in the repository's ``results/`` folder, which the package ships as
+    ``specbook/results`` (``src/specbook/results`` links to it), so a notebook finds them from any folder and
+    on Colab, where the package is installed and the repository is not cloned. Where the file is missing:
+    None if not ``required`` (a GPU run this machine has not made), else a FileNotFoundError that says how to
+    record it."""
+    path = RESULTS / name
+    if path.exists():
+        return json.loads(path.read_text())
     if not required:
         return None
     how = RECORDED_BY.get(name, "scripts/gpu_results.sh on a machine with a GPU")
-    raise FileNotFoundError(f"results/{name} is not here: the book's recorded runs are in the repository's results/ "
-                            f"folder (run the notebook from a clone of it), or record this one: {how}")
+    raise FileNotFoundError(f"results/{name} is not among the book's recorded runs ({RESULTS}): record it from the "
+                            f"repository's root with {how}")
 
 
 def machine() -> str:
