@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from specbook import decoding
-from specbook.bench import autoregressive, decode_latency, run_benchmark, speculative
+from specbook import autoregressive_generate, decoding
+from specbook.bench import autoregressive, decode_latency, measure_alpha, run_benchmark, speculative
 from specbook.drafters import ModelDrafter, TopKTreeDrafter
 from specbook.models import weight_bytes
 from specbook.profile import PARTS, copy_bandwidth, step_profile
@@ -103,3 +103,11 @@ def test_one_round_when_the_environment_asks(target, draft, monkeypatch):
     runs.clear()
     rows = run_benchmark([method], PROMPTS, repeats=3, progress=False, counts_from_rows=True)
     assert len(runs) == len(PROMPTS) and len(rows[0]["round_seconds"]) == 1 and rows[0]["tokens"] == 4 * len(PROMPTS)
+
+
+def test_measure_alpha_takes_the_greedy_continuations_a_caller_has(target, draft):
+    """ᾱ over continuations passed in equals ᾱ over the ones it generates; one continuation per prompt."""
+    greedy = [autoregressive_generate(target, ids, 12, Sampler(0)).token_ids for ids in PROMPTS]
+    assert measure_alpha(target, draft, PROMPTS, 12, greedy=greedy) == measure_alpha(target, draft, PROMPTS, 12)
+    with pytest.raises(ValueError, match="greedy: one continuation per prompt, got 1 for 2 prompts"):
+        measure_alpha(target, draft, PROMPTS, 12, greedy=greedy[:1])
