@@ -50,3 +50,14 @@ def test_packing_refuses_what_it_cannot_pack():
     layer = next(m for m in packed.modules() if isinstance(m, PackedLinear))
     with pytest.raises(ValueError, match="pack the model after moving it"):
         layer(torch.ones(1, layer.in_features, dtype=torch.float64))
+
+
+def test_one_row_goes_to_the_blas_and_several_to_the_packed_weights():
+    layer = torch.nn.Linear(24, 40)
+    packed = PackedLinear(layer)
+    one, several = torch.randn(1, 1, 24), torch.randn(1, 6, 24)
+    with torch.no_grad():
+        assert torch.equal(packed(one), torch.nn.functional.linear(one, layer.weight, layer.bias))
+        assert torch.equal(packed(several), torch.ops.mkldnn._linear_pointwise(several, packed.packed, layer.bias,
+                                                                                "none", [], ""))
+        torch.testing.assert_close(packed(several), layer(several))

@@ -192,8 +192,9 @@ def load_pair(name: str | None = None, *, target: str | None = None, draft: str 
     native, else float16).
 
     ``pack``: on the CPU the target's linear layers are packed once for oneDNN (`specbook.packed`), so that
-    verifying K + 1 positions costs about what one does; by default wherever that applies (the CPU, float32
-    or bfloat16), at the price of a second copy of the target's linear weights in memory. ``pack=False``
+    verifying K + 1 positions costs about what one does, while a call on one position still goes to the
+    BLAS, faster there; by default wherever that applies (the CPU, float32 or bfloat16), at the price of a
+    second copy of the target's linear weights in memory. ``pack=False``
     keeps the model as Hugging Face loads it (to train it, or to compare). The draft stays as it is: its
     weights stay in the CPU's cache between its calls. On a GPU the engine's static caches and CUDA
     graphs are the fast path (`specbook.decoding`), and nothing is packed.

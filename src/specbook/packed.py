@@ -1,26 +1,38 @@
-"""Linear layers with their weights packed once, for a faster decoding step on the CPU.
+"""Linear layers with their weights packed once, for a faster verification call on the CPU.
 
 Chapter 3's roofline says that at batch one a decoding step reads every weight once, so verifying
 K + 1 positions should cost little more than decoding one: the extra rows are arithmetic on
 weights already read. On a CPU that depends on the matrix library. PyTorch sends ``nn.Linear`` to
-a BLAS (MKL on x86), whose kernels for a few rows -- six positions against a 256 x 768 matrix --
-re-arrange ("pack") the weight matrix into the layout its inner loop wants on every call, so a
-target call on six positions cost 1.5x a call on one (12 against 8 ms for the built-in target on
-two cores of an AMD EPYC). oneDNN, the library behind PyTorch's CPU convolutions and
+a BLAS (MKL on x86), whose kernels for a few rows re-arrange ("pack") the weight matrix into the layout
+its inner loop wants on every call. oneDNN, the library behind PyTorch's CPU convolutions and
 ``torch.compile``'s frozen CPU graphs, can pack a weight matrix once, ahead of time, and then
-multiply by it without repacking: the same target call costs 7.3 ms on one position and 7.8 ms on
-six. `pack_linears` swaps every ``nn.Linear`` of a model for a `PackedLinear` that does that.
+multiply by it without repacking. For one row the BLAS does not pack at all -- it multiplies a
+vector by the matrix as it lies -- and its call costs less than oneDNN's. On two cores of an AMD EPYC,
+per layer of the built-in target (medians of 2000 calls, microseconds):
+
+    layer (in -> out)   one row: BLAS / packed   six rows: BLAS / packed
+    256 -> 256                   9 / 33                   22 / 38
+    256 -> 768                  25 / 42                   69 / 53
+    768 -> 256                  21 / 40                   52 / 51
+    256 -> 2048 (head)          60 / 60                  144 / 88
+
+So a `PackedLinear` sends one row to the BLAS and several to its packed weights: autoregressive
+decoding's calls keep the BLAS's speed, and verification gets oneDNN's where it pays. Packing every
+call instead slowed the built-in target's autoregressive decoding by a fifth on that machine (17.9
+against 14.7 ms per token), a slower baseline that would flatter every speedup measured against it.
+`pack_linears` swaps every ``nn.Linear`` of a model for a `PackedLinear`.
 
 It changes the arithmetic's order, not the model: logits agree with the unpacked model to float32
 rounding (1e-5 on logits of order 10), and speculative decoding on a packed target still equals
 autoregressive decoding on the same packed target token for token (both are tested). It pays
 where a layer's weights come from memory rather than the cache: the built-in target gains, while
-its one-layer draft, whose weights stay in the cache between its calls, is faster as it is (0.53
-against 0.70 ms a call), so `specbook.bench` packs the target only -- for every method alike,
-autoregressive decoding and Hugging Face's assisted generation included.
+its one-layer draft, whose weights stay in the cache between its calls, is faster as it is, so
+`load_pair` packs the target only -- for every method alike, autoregressive decoding and Hugging
+Face's assisted generation included.
 """
 
 import torch
+import torch.nn.functional as F
 
 
 def can_pack(model: torch.nn.Module) -> bool:
@@ -31,7 +43,9 @@ def can_pack(model: torch.nn.Module) -> bool:
 
 
 class PackedLinear(torch.nn.Module):
-    """``nn.Linear`` whose weight oneDNN packed once; ``weight`` stays, for code that reads it (tied LM heads)."""
+    """``nn.Linear`` whose weight oneDNN packed once, for inputs of several rows; one row goes to the BLAS's
+    matrix-vector product on the weight as it is. ``weight`` stays, for that and for code that reads it
+    (tied LM heads)."""
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
@@ -40,9 +54,11 @@ class PackedLinear(torch.nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)  # opaque layout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
-        if x.dtype != self.weight.dtype or x.device.type != "cpu":
+        if x.dtype != self.weight.dtype or not x.is_cpu:
             raise ValueError(f"this layer was packed for {self.weight.dtype} on the CPU and got {x.dtype} on "
                              f"{x.device}: pack the model after moving it, not before")
+        if x.numel() == self.in_features:  # one row: a decoding step's call
+            return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
