@@ -7,7 +7,7 @@ from specbook.drafters import ModelDrafter, TopKTreeDrafter
 from specbook.models import weight_bytes
 from specbook.profile import PARTS, copy_bandwidth, step_profile
 from specbook.sampling import Sampler
-from specbook.spread import fastest, speedup_range, spread_text
+from specbook.spread import compared, fastest, speedup_range, spread_text
 
 from support import tiny_model
 
@@ -83,6 +83,9 @@ def test_the_fastest_row_is_named_with_the_rows_its_spread_cannot_tell_it_from()
     assert fastest([rows[0], rows[2]], repeats=1)[2] is False  # one round measures no spread
     assert fastest([{"speedup": 1.1}, {"speedup": 1.3}])[0] == {"speedup": 1.3}  # rows written before the ranges
     assert spread_text(1.824, 1.75, 1.9) == "1.82x (1.75-1.90)" and spread_text(1.824) == "1.82x"
+    assert compared(rows[0], rows[2]) == "faster than" and compared(rows[2], rows[0]) == "slower than"
+    assert compared(rows[0], rows[1]) == compared(rows[1], rows[0]) == "within the spread of"  # 1.75 reaches 1.7
+    assert compared({"speedup": 1.3}, {"speedup": 1.1}) == "faster than"  # no ranges: the medians
 
 
 def test_decode_latency_leaves_the_prefill_out(target):

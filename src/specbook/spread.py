@@ -2,8 +2,9 @@
 
 `specbook.bench.run_benchmark` runs every method once per round, in the same rounds, so round r gives each
 method a time measured with the machine in the same state. `speedup_range` turns the rounds into the range of
-a speedup, `fastest` names the best row together with the rows its range cannot tell it from, and
-`spread_text`, `spread_of`, `tie_text` and `show_spreads` print them: "1.82x (1.75-1.90)".
+a speedup, `fastest` names the best row together with the rows its range cannot tell it from, `compared`
+says whether one row is faster than another beyond both ranges, and `spread_text`, `spread_of`, `tie_text`
+and `show_spreads` print them: "1.82x (1.75-1.90)".
 """
 
 
@@ -31,6 +32,17 @@ def fastest(rows, key="speedup", repeats=2) -> tuple[dict, list[dict], bool]:
     low = best.get(f"{key}_min", best[key])
     tied = [row for row in rows if row is not best and row.get(f"{key}_max", row[key]) >= low]
     return best, tied, not tied and repeats > 1
+
+
+def compared(row, other, key="speedup") -> str:
+    """"faster than" or "slower than" where the range of ``row[key]`` lies wholly above or below that of
+    ``other[key]`` (``key_min``..``key_max``, as in `fastest`), else "within the spread of": the run cannot
+    rank the two."""
+    if row.get(f"{key}_min", row[key]) > other.get(f"{key}_max", other[key]):
+        return "faster than"
+    if row.get(f"{key}_max", row[key]) < other.get(f"{key}_min", other[key]):
+        return "slower than"
+    return "within the spread of"
 
 
 def spread_text(value, low=None, high=None, unit="x", digits=2) -> str:
