@@ -17,7 +17,8 @@ per layer of the built-in target (medians of 2000 calls, microseconds):
     256 -> 2048 (head)          60 / 60                  144 / 88
 
 So a `PackedLinear` sends one row to the BLAS and several to its packed weights: autoregressive
-decoding's calls keep the BLAS's speed, and verification gets oneDNN's where it pays. Packing every
+decoding's calls keep the BLAS's speed, and verification gets oneDNN's, which pays on the larger
+layers and costs a little on the smallest (a finer rule would time both per shape). Packing every
 call instead slowed the built-in target's autoregressive decoding by a fifth on that machine (17.9
 against 14.7 ms per token), a slower baseline that would flatter every speedup measured against it.
 `pack_linears` swaps every ``nn.Linear`` of a model for a `PackedLinear`.
