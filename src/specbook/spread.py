@@ -29,8 +29,8 @@ def fastest(rows, key="speedup", repeats=2) -> tuple[dict, list[dict], bool]:
     with it and there was more than one round (``repeats``): one round measures no spread at all. A row
     without the range (a results file older than the columns) counts as its ``key`` alone."""
     best = max(rows, key=lambda row: row[key])
-    low = best.get(f"{key}_min", best[key])
-    tied = [row for row in rows if row is not best and row.get(f"{key}_max", row[key]) >= low]
+    low = _range(best, key)[0]
+    tied = [row for row in rows if row is not best and _range(row, key)[1] >= low]
     return best, tied, not tied and repeats > 1
 
 
@@ -38,11 +38,18 @@ def compared(row, other, key="speedup") -> str:
     """"faster than" or "slower than" where the range of ``row[key]`` lies wholly above or below that of
     ``other[key]`` (``key_min``..``key_max``, as in `fastest`), else "within the spread of": the run cannot
     rank the two."""
-    if row.get(f"{key}_min", row[key]) > other.get(f"{key}_max", other[key]):
+    (low, high), (other_low, other_high) = _range(row, key), _range(other, key)
+    if low > other_high:
         return "faster than"
-    if row.get(f"{key}_max", row[key]) < other.get(f"{key}_min", other[key]):
+    if high < other_low:
         return "slower than"
     return "within the spread of"
+
+
+def _range(row, key) -> tuple[float, float]:
+    """``row[key]``'s range over the rounds, ``key_min``..``key_max``; a row without it (a results file older than
+    the columns) is its ``key`` alone."""
+    return row.get(f"{key}_min", row[key]), row.get(f"{key}_max", row[key])
 
 
 def spread_text(value, low=None, high=None, unit="x", digits=2) -> str:
