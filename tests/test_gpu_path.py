@@ -117,7 +117,7 @@ def test_compiled_sampled_output_follows_the_target(tiny_pair, device, eager_com
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(cache="paged"), "cache must be one of"),
-    (dict(compile=True), "compile=True needs cache='static'"),
+    (dict(cache="dynamic", compile=True), "compile=True needs cache='static'"),  # a GPU's default cache is static
 ])
 def test_bad_options(models, device, kwargs, match):
     target, draft = models
@@ -245,6 +245,37 @@ def test_graphs_replay_what_the_model_computes(models, device, replayed):
         for k in (3, 1, 5):
             result = speculative_generate(target, draft, prompt, 30, k=k, sampler=Sampler(0), cache="static")
             assert result.token_ids == reference, k
+
+
+@pytest.mark.parametrize("sampler", [Sampler(0), Sampler(1.0, top_k=20)], ids=["greedy", "sampled"])
+def test_a_draft_models_k_steps_are_one_replay(models, device, replayed, sampler, monkeypatch):
+    """`StaticModel.chain` drafts K tokens in one replayed graph, the same tokens and distributions as K calls
+    (sampled: the same race on the same noise), and a generation replays one graph per drafting step."""
+    _, draft = models
+    runner = static_model(draft, STATIC_BLOCK, "draft")
+    with torch.inference_mode():  # as the engine runs (the runner may hold a cache made there)
+        runner.start()
+        draft(prompt_on(device), past_key_values=runner.cache, use_cache=True)
+        pending, noise = prompt_on(device)[0, -2:], torch.rand(4, 64, device=device) + 0.01
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.Tensor, "exponential_", lambda tensor, generator=None: tensor.copy_(noise))
+            tokens, probs = runner.chain(pending, 4, sampler, 64)
+        rollback(runner.cache, 5)
+        inputs = pending[None]
+        for i in range(4):
+            expected = sampler.probs(draft(inputs, past_key_values=runner.cache, use_cache=True).logits[0, -1])
+            torch.testing.assert_close(probs[i], expected)
+            assert tokens[i] == (expected.argmax() if sampler.greedy else (expected / noise[i]).argmax())
+            inputs = tokens[i].view(1, 1)
+    target, _ = models
+    replays = []
+    monkeypatch.setattr(specbook.graphs._Recorded, "replay", lambda graph: (replays.append(graph),
+                                                                            setattr(graph, "output", graph.function())))
+    drafter = ModelDrafter(draft, cache="static")
+    generation = speculative_generate(target, drafter, prompt_on(device), 30, k=4, sampler=sampler, cache="static")
+    chains = [graph for key, (graph, *_) in drafter.forward.graphs.items() if key[0] == "chain"]
+    assert sum(graph in chains for graph in replays) == sum(bool(step.drafted) for step in generation.steps)
+    assert all(isinstance(key[0], str) for key in drafter.forward.graphs)  # no call of its own
 
 
 def test_replayed_sampled_output_follows_the_target(tiny_pair, device, replayed):

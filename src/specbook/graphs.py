@@ -19,6 +19,8 @@ without any Python of the model running. `StaticModel` does that for a Hugging F
   pointers after) and captures it. The model's position, cache position and mask all derive from the
   cache's length pointer on the device (transformers' ``StaticLayer.cumulative_length``), which the
   replay advances in place and `specbook.cache.rollback` moves back: nothing the host knows is baked in;
+- a draft model's K steps are one graph (`StaticModel.chain`): K forwards and the sampling between
+  them, one launch where a loop of calls would cost the host K launches and K samplers' kernels;
 - with ``compile=True`` the captured kernels are Inductor's (``torch.compile`` without its own
   graphs, as SGLang compiles inside its runner): fewer, fused kernels, for a compilation per input
   length on first use; without it, the model's own kernels are captured, ready in a second.
@@ -34,6 +36,7 @@ import weakref
 import torch
 
 from .cache import new_cache
+from .sampling import exponential_race
 
 OPTIONS = dict(fullgraph=True, dynamic=False)  # torch.compile: one graph per input shape, no fallback to Python
 # Every model and every input length is one more compilation of the same forward; a benchmark over
@@ -53,9 +56,7 @@ def compiled(model):
         config = torch._dynamo.config
         limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # its older name
         setattr(config, limit, max(getattr(config, limit), RECOMPILE_LIMIT))
-        inductor = OPTIONS.get("backend", "inductor") == "inductor"
-        mode = dict(mode="max-autotune-no-cudagraphs") if inductor and model.device.type == "cuda" else {}
-        _COMPILED[model] = torch.compile(model, **OPTIONS, **mode)
+        _COMPILED[model] = torch.compile(model, **OPTIONS)  # Inductor's default mode: no graphs, no autotuning
     return _COMPILED[model]
 
 
@@ -98,44 +99,84 @@ class StaticModel:
                                logits_to_keep=input_ids.shape[1], output_hidden_states=features)
         return outputs.logits[0], (outputs.hidden_states[-1][0] if features else None)  # (n, vocab), (n, hidden)
 
-    def _capture(self, n, features):
-        """The graph of a call on n tokens, its input buffer (1, n) and its outputs (logits, features)."""
-        buffer = torch.zeros((1, n), dtype=torch.long, device=self.model.device)
+    @property
+    def replays(self) -> bool:
+        """Whether calls replay graphs: on a GPU (or ``CAPTURE_ON_CPU``), once every layer of the cache holds
+        its buffers (a layer allocates them on its first write: the prompt's call, eager)."""
+        capture = self.model.device.type == "cuda" or CAPTURE_ON_CPU
+        return capture and all(layer.is_initialized for layer in self.cache.layers)
+
+    def _graph(self, function):
+        """``function`` -- work on this model's cache that reads its inputs from buffers -- captured as a graph
+        whose ``output`` is the function's; on a CPU, a `_Recorded` call. The function is first run eagerly
+        on a side stream (allocations, workspaces, compilation), the cache's pointers put back after each run."""
         if self.model.device.type != "cuda":
-            return _Recorded(lambda: self._call(buffer, features)), buffer
+            return _Recorded(function)
         pointers = [layer.cumulative_length for layer in self.cache.layers]
         saved = [pointer.clone() for pointer in pointers]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up off the capture: allocations, workspaces, compilation
+        with torch.cuda.stream(stream):
             for _ in range(WARMUP_CALLS):
-                self._call(buffer, features)
+                function()
                 for pointer, value in zip(pointers, saved):
                     pointer.copy_(value)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):  # recorded, not run: the pointers do not move
-            graph.output = self._call(buffer, features)
-        return graph, buffer
+            graph.output = function()
+        return graph
 
     def __call__(self, input_ids: torch.Tensor, features: bool = False):
         """Logits (n, vocab) for ``input_ids`` (1, n) after the cache, and the features (n, hidden) or None.
 
         Advances the cache's pointers by n. A replayed graph's outputs are copied, safe to keep past the
-        next call. Until the cache holds something (a one-token prompt), calls run without a graph: a
-        layer allocates its buffers on its first write.
+        next call. Until the cache holds something (a one-token prompt), calls run without a graph.
         """
-        capture = self.model.device.type == "cuda" or CAPTURE_ON_CPU
-        if not capture or not all(layer.is_initialized for layer in self.cache.layers):
+        if not self.replays:
             return self._call(input_ids, features)
         key = (input_ids.shape[1], features)
         if key not in self.graphs:
-            self.graphs[key] = self._capture(*key)
+            buffer = torch.zeros((1, key[0]), dtype=torch.long, device=self.model.device)
+            self.graphs[key] = self._graph(lambda: self._call(buffer, features)), buffer
         graph, buffer = self.graphs[key]
         buffer.copy_(input_ids)
         graph.replay()
         logits, hidden = graph.output
         return logits.clone(), (hidden.clone() if hidden is not None else None)
+
+    def chain(self, pending: torch.Tensor, k: int, sampler, vocab: int, generator=None):
+        """Draft k tokens after ``pending`` (m,) in one replay, as a drafting loop would call the model k times:
+        on the pending tokens, then on each drafted token. Token i is drawn from ``sampler.probs`` of the
+        last position's logits (narrowed to ``vocab``): its argmax greedily, else the exponential race
+        (`specbook.sampling.exponential_race`) on noise (k, vocab) drawn from ``generator`` before the replay, the one
+        kernel outside the graph. SGLang captures EAGLE's draft loop the same way, one graph for K steps.
+
+        Returns copies of the tokens (k,) and their distributions (k, vocab); advances the pointers by
+        m + k - 1 (the k-th token is drawn, not fed). Use it where `replays`.
+        """
+        key = ("chain", len(pending), k, sampler, vocab)
+        if key not in self.graphs:
+            buffer = torch.zeros((1, len(pending)), dtype=torch.long, device=self.model.device)
+            noise = None if sampler.greedy else torch.ones((k, vocab), device=self.model.device)
+
+            def drafts():
+                inputs, tokens, probs = buffer, [], []
+                for i in range(k):
+                    step_probs = sampler.probs(self._call(inputs, False)[0][-1, :vocab])  # (vocab,)
+                    token = step_probs.argmax(-1) if noise is None else exponential_race(step_probs, noise[i])  # ()
+                    tokens.append(token)
+                    probs.append(step_probs)
+                    inputs = token.view(1, 1)
+                return torch.stack(tokens), torch.stack(probs)  # (k,), (k, vocab)
+            self.graphs[key] = self._graph(drafts), buffer, noise
+        graph, buffer, noise = self.graphs[key]
+        buffer.copy_(pending[None])
+        if noise is not None:
+            noise.exponential_(generator=generator)
+        graph.replay()
+        tokens, probs = graph.output
+        return tokens.clone(), probs.clone()
 
 
 _MODELS = weakref.WeakKeyDictionary()  # model -> {(max_length, role, compile): StaticModel}

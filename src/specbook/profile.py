@@ -178,14 +178,15 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
         drafter = ModelDrafter(drafter, **path)
     operators, seconds, calls, inside = _Operators(), Counter(), Counter(), Counter()  # inside: reads in the calls
     forward, propose = decoding._target_forward, drafter.propose
-    first = [True]  # the run's first target call reads the prompt (unless the drafter prefilled it)
+    first = [True]  # the run's first target call reads the prompt, unless the engine prefilled it for the drafter
+    prefilled = drafter.uses_features or drafter.uses_target_cache
 
     def timed(part, function):
         def call(*args, **kwargs):
-            if part == "target" and first[0] and not drafter.uses_features:
+            if part == "target" and first[0]:
                 first[0] = False
-                return function(*args, **kwargs)
-            first[0] = False
+                if not prefilled:  # the prompt's call, eager: not a decode call
+                    return function(*args, **kwargs)
             outer, operators.part = operators.part, part
             reads = counting.get("reads")
             read = sum(reads.values()) if reads is not None else 0

@@ -90,7 +90,13 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None, race: bo
     if not race:
         flat = probs.reshape(-1, probs.shape[-1])
         return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
-    noise = torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)  # (..., n)
+    return exponential_race(probs, torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator))
+
+
+def exponential_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """`draw`'s exponential race on given ``noise`` (..., n) of independent Exp(1) draws: the index of the
+    largest p_i / E_i per row (..., n) -> (...). A CUDA graph that drafts several tokens races on noise
+    drawn before its replay (`specbook.graphs.StaticModel.chain`)."""
     return torch.where(probs > 0, probs / noise, -1.0).argmax(-1)  # a zero p never wins, even against E = 0
 
 

@@ -5,8 +5,9 @@ context plus the first K - 1 drafts (the K-th was sampled but never fed back). `
 the rejected drafts off the cache and queues what the cache has not seen yet -- the K-th draft if
 everything was accepted, and always the target's next token -- to be fed in the next ``propose``.
 Drafts stay on the model's device: drafting K tokens never waits for the GPU (unless a
-``keep_drafting`` policy must read the draft's confidence), and with ``cache="static"`` on a GPU each
-draft step is one replayed CUDA graph (`specbook.graphs`), its kernels compiled with ``compile=True``.
+``keep_drafting`` policy must read the draft's confidence), and with ``cache="static"`` on a GPU the K
+draft steps are one replayed CUDA graph (`specbook.graphs.StaticModel.chain`), its kernels compiled with
+``compile=True``.
 """
 
 import torch
@@ -79,6 +80,8 @@ class ModelDrafter(Drafter):
         self.calls = 0
 
     def propose(self, k, sampler, generator, keep_drafting=None):
+        if keep_drafting is None and self.forward is not None and self.forward.replays:  # K steps, one replay
+            return self._drafted(*self.forward.chain(self.pending, k, sampler, self.vocab_size, generator))
         tokens, probs = [], []
         inputs = self.pending[None]  # (1, n)
         for _ in range(k):
@@ -94,11 +97,14 @@ class ModelDrafter(Drafter):
             if keep_drafting is not None and not keep_drafting(logits.float().softmax(-1)):  # its own confidence
                 break
             inputs = token.view(1, 1)
+        return self._drafted(torch.stack(tokens), torch.stack(probs))
+
+    def _drafted(self, tokens, probs) -> Draft:
+        """The step's `Draft` of ``tokens`` (k,) with their distributions (k, vocab), now fed or proposed."""
         self.calls += len(tokens)
         self.pending = self.pending[:0]
-        draft = Draft(torch.stack(tokens), torch.stack(probs))  # (k,), (k, vocab)
-        self.proposed = draft.tokens
-        return draft
+        self.proposed = tokens
+        return Draft(tokens, probs)
 
     def _check_readable(self, token: int) -> None:
         """Refuse a target token beyond the draft's embedding: a padding row only a wider target has."""
