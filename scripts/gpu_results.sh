@@ -16,7 +16,7 @@
 # STEPS (default "tests bfloat16 costs float16") picks the steps, in that order.
 # The device lacks altair and the jsonschema stack: wheels found in .whl/ are installed first (see
 # ../shared/GPU.md for the command that downloads them on a machine with a network). Settings from the
-# environment: PYTHON, KS, REPEATS, STEPS.
+# environment: PYTHON, KS, REPEATS, STEPS, and HF=--no-hf to leave Hugging Face's rows out of step 2.
 set -uo pipefail
 out=${1:?usage: bash scripts/gpu_results.sh OUT}
 mkdir -p "$out"
@@ -45,7 +45,7 @@ wanted() { [[ $steps == *" $1 "* ]]; }
 wanted tests && step tests 100 $python -m pytest tests/test_gpu_path.py -q -rs -k "not cpu" -p no:cacheprovider \
     -p no:logging
 wanted bfloat16 && step builtin-bfloat16 230 $python -m specbook bench --suite gpu --device cuda --dtype bfloat16 \
-    --ks "$ks" --repeats "$repeats" --json "$out/gpu-builtin-bfloat16.json"
+    --ks "$ks" --repeats "$repeats" ${HF:---hf} --json "$out/gpu-builtin-bfloat16.json"
 wanted costs && step costs 60 $python -m specbook bench --suite costs --device cuda --ks 6 --repeats 10 \
     --json "$out/costs.json"
 wanted float16 && step builtin-float16 60 $python -m specbook bench --suite gpu --device cuda --dtype float16 \
