@@ -247,7 +247,7 @@ def test_graphs_replay_what_the_model_computes(models, device, replayed):
             assert result.token_ids == reference, k
 
 
-@pytest.mark.parametrize("sampler", [Sampler(0), Sampler(1.0, top_k=20)], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("sampler", [Sampler(0), Sampler(0.8, top_k=20, top_p=0.9)], ids=["greedy", "warped"])
 def test_a_draft_models_k_steps_are_one_replay(models, device, replayed, sampler, monkeypatch):
     """`StaticModel.chain` drafts K tokens in one replayed graph, the same tokens and distributions as K calls
     (sampled: the same race on the same noise), and a generation replays one graph per drafting step."""
@@ -269,8 +269,9 @@ def test_a_draft_models_k_steps_are_one_replay(models, device, replayed, sampler
             inputs = tokens[i].view(1, 1)
     target, _ = models
     replays = []
-    monkeypatch.setattr(specbook.graphs._Recorded, "replay", lambda graph: (replays.append(graph),
-                                                                            setattr(graph, "output", graph.function())))
+    for graphs in (specbook.graphs._Recorded, torch.cuda.CUDAGraph):  # count the replays, on a CPU or a GPU
+        monkeypatch.setattr(graphs, "replay", lambda graph, replay=graphs.replay: (replays.append(graph),
+                                                                                  replay(graph)))
     drafter = ModelDrafter(draft, cache="static")
     generation = speculative_generate(target, drafter, prompt_on(device), 30, k=4, sampler=sampler, cache="static")
     chains = [graph for key, (graph, *_) in drafter.forward.graphs.items() if key[0] == "chain"]

@@ -48,7 +48,7 @@ class Sampler:
             sorted_logits, order = torch.sort(logits, descending=False)
             cumulative = sorted_logits.softmax(-1).cumsum(-1)  # mass of this token and all less likely ones
             remove_sorted = cumulative <= 1 - self.top_p
-            remove_sorted[..., -1] = False  # the most likely token always stays
+            remove_sorted[..., -1].fill_(False)  # the most likely token always stays (a fill: capturable)
             logits = logits.masked_fill(remove_sorted.scatter(-1, order, remove_sorted), float("-inf"))
         return logits
 
