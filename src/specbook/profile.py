@@ -160,15 +160,17 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
 
     - ``steps`` and ``draft_calls`` of the generation;
     - ``syncs_per_step``: conversions of tensors to Python values per step (`host_reads`) made by the engine and
-      the drafter, outside the target's calls, and ``syncs_in_calls_per_step`` those made inside them (Hugging
-      Face's eager code reads a static cache's length; a replayed graph or a compiled call does not);
+      the drafter, outside the target's calls (a generation's own few, such as checking the prompt, spread over
+      its steps), and ``syncs_in_calls_per_step`` those made inside its decode calls (Hugging Face's eager code
+      reads a static cache's length; a replayed graph or a compiled call does not);
     - ``target_host_us_per_call`` and ``draft_host_us_per_call``: the host's microseconds from a decode call's
       start to its return (the target's verification calls, the drafter's ``propose`` per draft call), the
       prompt's call excluded. On a GPU the host does not wait for the device inside them (it waits once a
       step, after them), so this is what launching a call costs; on a CPU the call's work is done by then too;
     - ``operators_per_step_outside_calls``, ``operators_per_target_call``, ``operators_per_draft_call``:
       operators dispatched by torch per step outside the model calls (sampling, verification, bookkeeping) and
-      per call inside them: each is a kernel launch on a GPU, unless a replayed CUDA graph holds it. Compiled
+      per decode call inside them: each is a kernel launch on a GPU, unless a replayed CUDA graph holds it (the
+      prompt's call is counted in neither). Compiled
       calls run without the count (torch.compile refuses it): None inside them.
 
     ``drafter`` is a `Drafter` or a draft model; ``path`` the engine's ``cache`` and ``compile``. One untimed
@@ -176,18 +178,19 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
     """
     if isinstance(drafter, torch.nn.Module):
         drafter = ModelDrafter(drafter, **path)
-    operators, seconds, calls, inside = _Operators(), Counter(), Counter(), Counter()  # inside: reads in the calls
+    operators, seconds, calls, inside = _Operators(), Counter(), Counter(), Counter()  # inside: reads per call kind
     forward, propose = decoding._target_forward, drafter.propose
     first = [True]  # the run's first target call reads the prompt, unless the engine prefilled it for the drafter
     prefilled = drafter.uses_features or drafter.uses_target_cache
 
     def timed(part, function):
         def call(*args, **kwargs):
+            name = part
             if part == "target" and first[0]:
                 first[0] = False
-                if not prefilled:  # the prompt's call, eager: not a decode call
-                    return function(*args, **kwargs)
-            outer, operators.part = operators.part, part
+                if not prefilled:  # the prompt's call, eager: not a decode call, nor the step's own work
+                    name = "prompt"
+            outer, operators.part = operators.part, name
             reads = counting.get("reads")
             read = sum(reads.values()) if reads is not None else 0
             started = time.perf_counter()
@@ -197,11 +200,11 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
                         return function(*args, **kwargs)
                 return function(*args, **kwargs)
             finally:
-                seconds[part] += time.perf_counter() - started
-                calls[part] += 1
+                seconds[name] += time.perf_counter() - started
+                calls[name] += 1
                 operators.part = outer
-                if reads is not None and part == "target":
-                    inside["reads"] += sum(reads.values()) - read
+                if reads is not None and name != "draft":
+                    inside[name] += sum(reads.values()) - read
         return call
 
     def run():
@@ -222,8 +225,8 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
         run()
     steps, draft_calls, compiled = len(generation.steps), generation.stats.draft_calls, bool(path.get("compile"))
     return {"steps": steps, "draft_calls": draft_calls,
-            "syncs_per_step": (sum(reads.values()) - inside["reads"]) / steps,
-            "syncs_in_calls_per_step": inside["reads"] / steps,
+            "syncs_per_step": (sum(reads.values()) - inside["target"] - inside["prompt"]) / steps,
+            "syncs_in_calls_per_step": inside["target"] / steps,
             "target_host_us_per_call": 1e6 * seconds["target"] / max(target_calls, 1),
             "draft_host_us_per_call": 1e6 * seconds["draft"] / max(draft_calls, 1),
             "operators_per_step_outside_calls": counts.get("outside", 0) / steps,
