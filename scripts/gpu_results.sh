@@ -8,12 +8,13 @@
 # 2. the built-in pair's benchmark in bfloat16 (OUT/gpu-builtin-bfloat16.json: commit it as results/gpu.json);
 # 3. the cost probe at full size (OUT/costs.json: Llama-3.1-8B / 3.2-1B and Qwen2.5-7B / 0.5B, random weights);
 # 4. the built-in pair in float16, without Hugging Face's rows (OUT/gpu-builtin-float16.json);
-# 5. only when STEPS names it: the built-in pair with compiled kernels inside the graphs, without Hugging Face's
+# 5. where a speculative step's time goes on the GPU path (`bench --suite profile`, in the log);
+# 6. only when STEPS names it: the built-in pair with compiled kernels inside the graphs, without Hugging Face's
 #    rows (OUT/gpu-builtin-compiled.json): its warm-up is compilation, a minute or more.
 #
 # Each step has a time limit of its own, so a slow step cannot take the others' time; the logs land in OUT/log.txt,
 # the steps' times in OUT/steps.txt.
-# STEPS (default "tests bfloat16 costs float16") picks the steps, in that order.
+# STEPS (default "tests bfloat16 costs float16 profile") picks the steps, in that order.
 # The device lacks altair and the jsonschema stack: wheels found in .whl/ are installed first (see
 # ../shared/GPU.md for the command that downloads them on a machine with a network). Settings from the
 # environment: PYTHON, KS, REPEATS, STEPS, and HF=--no-hf to leave Hugging Face's rows out of step 2.
@@ -25,7 +26,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TQDM_DISABLE=1  # no progress bars in the logs
-ks=${KS:-3,4,5,6} repeats=${REPEATS:-3} python=${PYTHON:-python3} steps=" ${STEPS:-tests bfloat16 costs float16} "
+ks=${KS:-3,4,5,6} repeats=${REPEATS:-3} python=${PYTHON:-python3} steps=" ${STEPS:-tests bfloat16 costs float16 profile} "
 started=$SECONDS
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT/log.txt, note its time in OUT/steps.txt
@@ -44,12 +45,14 @@ $python -c "import torch, transformers; print(torch.__version__, torch.version.c
 wanted() { [[ $steps == *" $1 "* ]]; }
 wanted tests && step tests 100 $python -m pytest tests/test_gpu_path.py -q -rs -k "not cpu" -p no:cacheprovider \
     -p no:logging
-wanted bfloat16 && step builtin-bfloat16 230 $python -m specbook bench --suite gpu --device cuda --dtype bfloat16 \
+wanted bfloat16 && step builtin-bfloat16 220 $python -m specbook bench --suite gpu --device cuda --dtype bfloat16 \
     --ks "$ks" --repeats "$repeats" ${HF:---hf} --json "$out/gpu-builtin-bfloat16.json"
 wanted costs && step costs 60 $python -m specbook bench --suite costs --device cuda --ks 6 --repeats 10 \
     --json "$out/costs.json"
 wanted float16 && step builtin-float16 60 $python -m specbook bench --suite gpu --device cuda --dtype float16 \
     --ks 4,5 --repeats 2 --no-hf --json "$out/gpu-builtin-float16.json"
+wanted profile && step profile 30 $python -m specbook bench --suite profile --device cuda --dtype bfloat16 \
+    --ks 3,5 --prompts open
 wanted compiled && step builtin-compiled 200 $python -m specbook bench --suite gpu --device cuda --dtype bfloat16 \
     --compile --ks 4,5 --repeats 2 --no-hf --json "$out/gpu-builtin-compiled.json"
 echo "all steps: $((SECONDS - started)) s" | tee -a "$out/steps.txt"

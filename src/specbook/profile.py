@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from . import decoding
 from .bench import _clock
-from .decoding import speculative_generate
+from .decoding import gpu_path, speculative_generate
 from .drafters import ModelDrafter
 from .sampling import Sampler
 
@@ -91,7 +91,7 @@ def step_profile(target, drafter, prompts, k=4, max_new_tokens=64, sampler=Sampl
     first prompt runs once untimed first (lazy initialisation, compilation).
     """
     if isinstance(drafter, torch.nn.Module):
-        drafter = ModelDrafter(drafter, **path)
+        drafter = ModelDrafter(drafter, *gpu_path(target, **path))  # the engine's path for the draft too
     speculative_generate(target, drafter, prompts[0], max_new_tokens, k, sampler, seed, **path)
     timer = _Timer()
     total, steps, tokens = 0.0, 0, 0
@@ -177,7 +177,7 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
     run first (allocation, capture, compilation); the counts come from a second run, the times from a third.
     """
     if isinstance(drafter, torch.nn.Module):
-        drafter = ModelDrafter(drafter, **path)
+        drafter = ModelDrafter(drafter, *gpu_path(target, **path))  # the engine's path for the draft too
     operators, seconds, calls, inside = _Operators(), Counter(), Counter(), Counter()  # inside: reads per call kind
     forward, propose = decoding._target_forward, drafter.propose
     first = [True]  # the run's first target call reads the prompt, unless the engine prefilled it for the drafter
