@@ -149,8 +149,8 @@ class StaticModel:
         """Draft k tokens after ``pending`` (m,) in one replay, as a drafting loop would call the model k times:
         on the pending tokens, then on each drafted token. Token i is drawn from ``sampler.probs`` of the
         last position's logits (narrowed to ``vocab``): its argmax greedily, else the exponential race
-        (`specbook.sampling.exponential_race`) on noise (k, vocab) drawn from ``generator`` before the replay, the one
-        kernel outside the graph. SGLang captures EAGLE's draft loop the same way, one graph for K steps.
+        (`specbook.sampling.exponential_race`) on noise (k, vocab) drawn from ``generator`` before the
+        replay, the one kernel outside the graph. SGLang captures EAGLE's draft loop the same way.
 
         Returns copies of the tokens (k,) and their distributions (k, vocab); advances the pointers by
         m + k - 1 (the k-th token is drawn, not fed). Use it where `replays`.
@@ -164,7 +164,7 @@ class StaticModel:
                 inputs, tokens, probs = buffer, [], []
                 for i in range(k):
                     step_probs = sampler.probs(self._call(inputs, False)[0][-1, :vocab])  # (vocab,)
-                    token = step_probs.argmax(-1) if noise is None else exponential_race(step_probs, noise[i])  # ()
+                    token = step_probs.argmax(-1) if noise is None else exponential_race(step_probs, noise[i])
                     tokens.append(token)
                     probs.append(step_probs)
                     inputs = token.view(1, 1)
