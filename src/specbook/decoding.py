@@ -312,7 +312,7 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     started = time.perf_counter()
     features = drafter.uses_features
     kv_cache, forward = _caches(target, static_length, compile)
-    if features or drafter.uses_target_cache:  # a drafter that reads the target's features or cache needs the prompt's
+    if drafter.needs_prefill:
         pending, prompt_features = _prefill(target, kv_cache, input_ids, features)
     else:  # the prompt goes into the first verification call, as one more call would cost a step's time
         pending, prompt_features = input_ids[0], None

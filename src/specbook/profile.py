@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from . import decoding
 from .bench import _clock
 from .decoding import gpu_path, speculative_generate
-from .drafters import ModelDrafter
+from .drafters import as_drafter
 from .sampling import Sampler
 
 PARTS = ("draft", "target call", "probabilities", "verification", "rollback", "prefill")
@@ -90,8 +90,7 @@ def step_profile(target, drafter, prompts, k=4, max_new_tokens=64, sampler=Sampl
     (the engine reads the prompt in its first verification call unless the drafter needs it earlier). The
     first prompt runs once untimed first (lazy initialisation, compilation).
     """
-    if isinstance(drafter, torch.nn.Module):
-        drafter = ModelDrafter(drafter, *gpu_path(target, **path))  # the engine's path for the draft too
+    drafter = as_drafter(drafter, target, *gpu_path(target, **path))  # a model drafts on the engine's path
     speculative_generate(target, drafter, prompts[0], max_new_tokens, k, sampler, seed, **path)
     timer = _Timer()
     total, steps, tokens = 0.0, 0, 0
@@ -176,19 +175,17 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
     ``drafter`` is a `Drafter` or a draft model; ``path`` the engine's ``cache`` and ``compile``. One untimed
     run first (allocation, capture, compilation); the counts come from a second run, the times from a third.
     """
-    if isinstance(drafter, torch.nn.Module):
-        drafter = ModelDrafter(drafter, *gpu_path(target, **path))  # the engine's path for the draft too
+    drafter = as_drafter(drafter, target, *gpu_path(target, **path))  # a model drafts on the engine's path
     operators, seconds, calls, inside = _Operators(), Counter(), Counter(), Counter()  # inside: reads per call kind
     forward, propose = decoding._target_forward, drafter.propose
     first = [True]  # the run's first target call reads the prompt, unless the engine prefilled it for the drafter
-    prefilled = drafter.uses_features or drafter.uses_target_cache
 
     def timed(part, function):
         def call(*args, **kwargs):
             name = part
             if part == "target" and first[0]:
                 first[0] = False
-                if not prefilled:  # the prompt's call, eager: not a decode call, nor the step's own work
+                if not drafter.needs_prefill:  # the prompt's call, eager: not a decode call, nor the step's own work
                     name = "prompt"
             outer, operators.part = operators.part, name
             reads = counting.get("reads")

@@ -67,6 +67,12 @@ class Drafter:
     uses_features = False
     uses_target_cache = False
 
+    @property
+    def needs_prefill(self) -> bool:
+        """Whether the engine reads the prompt into the target's cache with a call of its own before the first
+        step: a drafter that reads the target's features or its cache needs the prompt's."""
+        return self.uses_features or self.uses_target_cache
+
     def start(self, input_ids: torch.Tensor) -> None:
         """Begin a generation on a (1, T) prompt."""
         raise NotImplementedError
