@@ -54,6 +54,8 @@ def _methods():
                                                                          **greedy).token_ids,
         "static_chain": lambda t, d, x: speculative_generate(t, d, x, NEW_TOKENS, k=3, cache="static",
                                                              **greedy).token_ids,
+        "graphs_autoregressive": _graphs(lambda t, d, x: autoregressive_generate(t, x, NEW_TOKENS, cache="static",
+                                                                                 **greedy).token_ids),
         "graphs_chain": _graphs(lambda t, d, x: speculative_generate(t, d, x, NEW_TOKENS, k=3, cache="static",
                                                                      **greedy).token_ids),
         "eagle_chain": lambda t, d, x: speculative_generate(t, EagleDrafter(t, EagleHead(t.config)), x, NEW_TOKENS,

@@ -247,6 +247,15 @@ def test_graphs_replay_what_the_model_computes(models, device, replayed):
             assert result.token_ids == reference, k
 
 
+def _replays(monkeypatch) -> list:
+    """The graphs replayed from now on, in order: CUDA graphs on a GPU, their CPU stand-ins on a CPU."""
+    replays = []
+    for graphs in (specbook.graphs._Recorded, torch.cuda.CUDAGraph):
+        monkeypatch.setattr(graphs, "replay", lambda graph, replay=graphs.replay: (replays.append(graph),
+                                                                                  replay(graph)))
+    return replays
+
+
 @pytest.mark.parametrize("sampler", [Sampler(0), Sampler(0.8, top_k=20, top_p=0.9)], ids=["greedy", "warped"])
 def test_a_draft_models_k_steps_are_one_replay(models, device, replayed, sampler, monkeypatch):
     """`StaticModel.chain` drafts K tokens in one replayed graph, the same tokens and distributions as K calls
@@ -268,15 +277,48 @@ def test_a_draft_models_k_steps_are_one_replay(models, device, replayed, sampler
             assert tokens[i] == (expected.argmax() if sampler.greedy else (expected / noise[i]).argmax())
             inputs = tokens[i].view(1, 1)
     target, _ = models
-    replays = []
-    for graphs in (specbook.graphs._Recorded, torch.cuda.CUDAGraph):  # count the replays, on a CPU or a GPU
-        monkeypatch.setattr(graphs, "replay", lambda graph, replay=graphs.replay: (replays.append(graph),
-                                                                                  replay(graph)))
+    replays = _replays(monkeypatch)
     drafter = ModelDrafter(draft, cache="static")
     generation = speculative_generate(target, drafter, prompt_on(device), 30, k=4, sampler=sampler, cache="static")
     chains = [graph for key, (graph, *_) in drafter.forward.graphs.items() if key[0] == "chain"]
     assert sum(graph in chains for graph in replays) == sum(bool(step.drafted) for step in generation.steps)
     assert all(isinstance(key[0], str) for key in drafter.forward.graphs)  # no call of its own
+
+
+def test_a_generations_first_call_replays_a_padded_graph(models, device, replayed, monkeypatch):
+    """The prompt (with the first drafts) is padded to the next bucket and replayed: the model's own logits
+    and the same tokens as eager decoding, on both sides of a bucket's edge; a prompt longer than every
+    bucket runs eagerly; the padding is forgotten."""
+    target, draft = models
+    monkeypatch.setattr(specbook.graphs, "PROMPT_BUCKETS", (8, 16))
+    replays = _replays(monkeypatch)
+    random = torch.Generator().manual_seed(0)
+    runner = static_model(target, STATIC_BLOCK, "target")
+    for length in (1, 3, 8, 9, 20):
+        prompt = torch.randint(3, 64, (1, length), generator=random).to(device)
+        reference = autoregressive_generate(target, prompt, 12, Sampler(0)).token_ids
+        for _ in range(2):  # a model's first generation fills its new cache eagerly
+            assert autoregressive_generate(target, prompt, 12, Sampler(0), cache="static").token_ids == reference
+            generation = speculative_generate(target, draft, prompt, 12, k=3, sampler=Sampler(0), cache="static")
+            assert generation.token_ids == reference, length
+        with torch.inference_mode():
+            runner.start()
+            logits, _ = runner(prompt, keep=2)
+            torch.testing.assert_close(logits, target(prompt).logits[0, -2:])
+            assert runner.cache.get_seq_length() == length  # the padding's positions forgotten
+    replayed_buckets = {key[1] for key, (graph, *_) in runner.graphs.items() if key[0] == "prompt" and graph in replays}
+    assert replayed_buckets == {8, 16}
+
+
+def test_padding_refused_where_the_rotary_embedding_reads_the_largest_position():
+    from types import SimpleNamespace
+
+    from specbook.graphs import pads_safely
+
+    assert pads_safely(tiny_model().config)
+    assert not pads_safely(SimpleNamespace(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4}))
+    assert not pads_safely(SimpleNamespace(rope_parameters={"full_attention": {"rope_type": "default"},
+                                                            "sliding_attention": {"rope_type": "dynamic"}}))
 
 
 def test_replayed_sampled_output_follows_the_target(tiny_pair, device, replayed):

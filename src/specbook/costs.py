@@ -213,7 +213,8 @@ def call_times(models: dict, positions: dict, context: int = 128, repeats: int =
         tokens = torch.randint(model.config.vocab_size, (1, context + widest), generator=generator)
         tokens = tokens.to(model.device)  # (1, context + widest)
         runner = graphs.StaticModel(model, length, compile)
-        model(tokens[:, :context], past_key_values=runner.start(), use_cache=True, logits_to_keep=1)  # prefill
+        runner.start()
+        runner(tokens[:, :context], keep=1)  # the context: a generation's first call
         runners[name] = runner, tokens
         times[name] = {n: [] for n in positions[name]}
     warmup = 2 if any(model.device.type == "cuda" for model in models.values()) else 1

@@ -132,14 +132,17 @@ def _static_length(model, input_ids, max_new_tokens, cache):
     return rounded if context is None else min(rounded, context)
 
 
-def _prefill(model, cache, input_ids, features=False):
+def _prefill(model, cache, input_ids, features=False, forward=None):
     """Feed all prompt tokens but the last into the empty ``cache``; return the last as pending.
 
     With ``features``, also return the model's features at those T - 1 positions (None for a
-    one-token prompt): the last layer's hidden states, the input of the LM head.
+    one-token prompt): the last layer's hidden states, the input of the LM head. ``forward``: the
+    model's `StaticModel` where ``cache`` is its (the call then replays a prompt's graph).
     """
     context, hidden = input_ids[:, :-1], None
-    if context.shape[1]:
+    if context.shape[1] and isinstance(forward, StaticModel):
+        hidden = forward(context, features, keep=1)[1]
+    elif context.shape[1]:
         outputs = model(context, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=features)
         hidden = outputs.hidden_states[-1][0] if features else None  # (T - 1, hidden)
     return input_ids[0, -1:], hidden
@@ -151,7 +154,7 @@ def _target_forward(cache, input_ids, features, forward, **inputs):
     ``forward`` is the target, or its `StaticModel` (which calls it over ``cache`` on n positions);
     ``inputs``: a tree's mask and positions, or how many positions' logits to keep."""
     if isinstance(forward, StaticModel):
-        return forward(input_ids, features)
+        return forward(input_ids, features, keep=inputs.get("logits_to_keep"))
     outputs = forward(input_ids, past_key_values=cache, use_cache=True, output_hidden_states=features, **inputs)
     return outputs.logits[0], (outputs.hidden_states[-1][0] if features else None)
 
@@ -183,12 +186,12 @@ def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(),
     started = time.perf_counter()
     kv_cache, forward = _caches(model, _static_length(model, input_ids, max_new_tokens, cache), compile)
     vocab = vocab_size(model)
-    inputs, call = input_ids, model  # the first call reads the whole prompt, eagerly (its length varies)
+    inputs = input_ids  # the first call reads the whole prompt
     tokens = []
     while len(tokens) < max_new_tokens:
-        logits = _target_forward(kv_cache, inputs, False, call, logits_to_keep=1)[0][-1, :vocab]  # (vocab,)
+        logits = _target_forward(kv_cache, inputs, False, forward, logits_to_keep=1)[0][-1, :vocab]  # (vocab,)
         token = sampler.sample(sampler.probs(logits), generator).view(1)  # (1,), on the device
-        inputs, call = token[None], forward  # (1, 1)
+        inputs = token[None]  # (1, 1)
         tokens.append(token)
         if eos_token_id is not None and int(token) == eos_token_id:
             break
@@ -313,7 +316,7 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     features = drafter.uses_features
     kv_cache, forward = _caches(target, static_length, compile)
     if drafter.needs_prefill:
-        pending, prompt_features = _prefill(target, kv_cache, input_ids, features)
+        pending, prompt_features = _prefill(target, kv_cache, input_ids, features, forward)
     else:  # the prompt goes into the first verification call, as one more call would cost a step's time
         pending, prompt_features = input_ids[0], None
     if drafter.uses_target_cache:
@@ -332,9 +335,8 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
         tree = draft is not None and draft.parents is not None
         if tree and len(pending) > 1:  # a tree's mask is built after one pending token: cache the prompt first
             pending, _ = _prefill(target, kv_cache, input_ids)
-        step_forward = forward if len(pending) == 1 else target  # the prompt's first call runs eagerly
         step, pending, committed_probs, step_draft_probs, committed_features = (_tree_step if tree else _chain_step)(
-            target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, step_forward)
+            target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, forward)
         drafter.observe_target(committed_probs)  # the target at the committed positions
         if features:
             drafter.observe_features(committed_features)

@@ -21,6 +21,12 @@ without any Python of the model running. `StaticModel` does that for a Hugging F
   replay advances in place and `specbook.cache.rollback` moves back: nothing the host knows is baked in;
 - a draft model's K steps are one graph (`StaticModel.chain`): K forwards and the sampling between
   them, one launch where a loop of calls would cost the host K launches and K samplers' kernels;
+- a generation's first call, on the prompt (and the first drafts), is one graph too, though prompts
+  differ in length: the tokens are padded at their end to the next of a few sizes (`PROMPT_BUCKETS`,
+  SGLang's and vLLM's way with batch sizes), one graph per size, and the pointers move back over the
+  padding afterwards. Causal attention keeps the padding out of every real position, and the next
+  tokens overwrite its keys and values. An eager call of a small model's prompt would cost the host
+  as much as a dozen replayed decode calls (on an H100, 12 ms for the built-in target against 1 ms);
 - with ``compile=True`` the captured kernels are Inductor's (``torch.compile`` without its own
   graphs, as SGLang compiles inside its runner): fewer, fused kernels, for a compilation per input
   length on first use; without it, the model's own kernels are captured, ready in a second.
@@ -35,7 +41,7 @@ import weakref
 
 import torch
 
-from .cache import new_cache
+from .cache import new_cache, rollback
 from .sampling import exponential_race
 
 OPTIONS = dict(fullgraph=True, dynamic=False)  # torch.compile: one graph per input shape, no fallback to Python
@@ -44,6 +50,7 @@ OPTIONS = dict(fullgraph=True, dynamic=False)  # torch.compile: one graph per in
 RECOMPILE_LIMIT = 64
 CAPTURE_ON_CPU = False  # tests: record and re-run calls on the CPU as a graph would replay them
 WARMUP_CALLS = 2  # eager calls before a capture (lazy initialisation, cuBLAS workspaces, compilation)
+PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512)  # a first call's padded lengths; a longer one runs eagerly
 
 
 _COMPILED = weakref.WeakKeyDictionary()  # model -> its compiled forward
@@ -71,13 +78,23 @@ class _Recorded:
         self.output = self.function()
 
 
+def pads_safely(config) -> bool:
+    """Whether padding a call's tokens leaves the real positions' outputs alone: not where the rotary
+    embedding reads the call's largest position (``longrope`` switches its frequencies past the
+    pretraining length, ``dynamic`` rescales them), which the padding would move."""
+    parameters = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    per_layer_type = [value for value in parameters.values() if isinstance(value, dict)]
+    kinds = {entry.get("rope_type", entry.get("type", "default")) for entry in per_layer_type or [parameters]}
+    return not any(kind == "longrope" or "dynamic" in kind for kind in kinds)
+
+
 class StaticModel:
     """``model`` decoding batch-one sequences over a static KV cache of ``max_length`` that it keeps between
     generations, each call on n new tokens one replayed CUDA graph on a GPU.
 
-    ``start()`` empties the cache (in place) for a new generation and returns it: prefill it with the model
-    called eagerly (`decoding._prefill`), then call this object on the following tokens. ``features``: also
-    return the last layer's hidden states, the input of the LM head (n, hidden).
+    ``start()`` empties the cache (in place) for a new generation and returns it; then call this object on
+    the prompt and on the tokens that follow. ``features``: also return the last layer's hidden states, the
+    input of the LM head (n, hidden).
     """
 
     def __init__(self, model, max_length: int, compile: bool = False):
@@ -86,23 +103,30 @@ class StaticModel:
         self.forward = compiled(model) if compile else model
         self.graphs = {}  # (n, features) -> (graph, its input buffer (1, n)); graph.output: (logits, features)
         self.pool = torch.cuda.graph_pool_handle() if model.device.type == "cuda" else None
+        self.pads = pads_safely(model.config)
+        self.fresh = True  # no call since `start`: the next one reads the prompt
 
     def start(self):
         """The cache, emptied for a new generation: every layer's length pointer back to zero, in place."""
         pointers = [layer.cumulative_length for layer in self.cache.layers if layer.is_initialized]
         if pointers:
             torch._foreach_zero_(pointers)  # one kernel for every layer
+        self.fresh = True
         return self.cache
 
-    def _call(self, input_ids, features):
-        outputs = self.forward(input_ids, past_key_values=self.cache, use_cache=True,
-                               logits_to_keep=input_ids.shape[1], output_hidden_states=features)
-        return outputs.logits[0], (outputs.hidden_states[-1][0] if features else None)  # (n, vocab), (n, hidden)
+    def _call(self, input_ids, features, keep=None, forward=None):
+        """``forward`` (by default this object's: the model, or its compiled forward) on ``input_ids`` (1, n)
+        over the cache: logits (keep, vocab) at the positions ``keep`` (by default all n; an int: the last
+        ones; a tensor: those indices), and the features (n, hidden) or None."""
+        outputs = (forward or self.forward)(input_ids, past_key_values=self.cache, use_cache=True,
+                                            logits_to_keep=input_ids.shape[1] if keep is None else keep,
+                                            output_hidden_states=features)
+        return outputs.logits[0], (outputs.hidden_states[-1][0] if features else None)
 
     @property
     def replays(self) -> bool:
         """Whether calls replay graphs: on a GPU (or ``CAPTURE_ON_CPU``), once every layer of the cache holds
-        its buffers (a layer allocates them on its first write: the prompt's call, eager)."""
+        its buffers (a layer allocates them on its first write: the first generation's prompt, read eagerly)."""
         capture = self.model.device.type == "cuda" or CAPTURE_ON_CPU
         return capture and all(layer.is_initialized for layer in self.cache.layers)
 
@@ -127,14 +151,21 @@ class StaticModel:
             graph.output = function()
         return graph
 
-    def __call__(self, input_ids: torch.Tensor, features: bool = False):
-        """Logits (n, vocab) for ``input_ids`` (1, n) after the cache, and the features (n, hidden) or None.
+    def __call__(self, input_ids: torch.Tensor, features: bool = False, keep: int | None = None):
+        """Logits (keep, vocab) of the last ``keep`` of ``input_ids`` (1, n) after the cache (by default all n),
+        and the features (n, hidden) or None.
 
         Advances the cache's pointers by n. A replayed graph's outputs are copied, safe to keep past the
-        next call. Until the cache holds something (a one-token prompt), calls run without a graph.
+        next call. Until the cache holds something (the first generation's prompt), calls run without a
+        graph; the first call of a generation on several tokens is `_prompt`'s.
         """
+        keep = input_ids.shape[1] if keep is None else keep
+        if self.fresh and input_ids.shape[1] > 1:
+            return self._prompt(input_ids, features, keep)
+        self.fresh = False
         if not self.replays:
-            return self._call(input_ids, features)
+            logits, hidden = self._call(input_ids, features)
+            return logits[-keep:], hidden
         key = (input_ids.shape[1], features)
         if key not in self.graphs:
             buffer = torch.zeros((1, key[0]), dtype=torch.long, device=self.model.device)
@@ -143,7 +174,32 @@ class StaticModel:
         buffer.copy_(input_ids)
         graph.replay()
         logits, hidden = graph.output
-        return logits.clone(), (hidden.clone() if hidden is not None else None)
+        return logits[-keep:].clone(), (hidden.clone() if hidden is not None else None)
+
+    def _prompt(self, input_ids, features, keep):
+        """A generation's first call, on n tokens: padded at the end to the smallest of `PROMPT_BUCKETS` that
+        holds them and replayed as that size's graph (the model's own kernels: a compilation per size would
+        cost more than it saves), the pointers then moved back by the padding. Eager where no bucket fits
+        the prompt or the cache, before the cache holds anything, or where padding would change the real
+        positions (`pads_safely`)."""
+        self.fresh = False
+        n = input_ids.shape[1]
+        bucket = next((size for size in PROMPT_BUCKETS if size >= n), None)
+        if bucket is None or bucket > self.max_length or not self.pads or not self.replays:
+            return self._call(input_ids, features, keep, forward=self.model)
+        key = ("prompt", bucket, keep, features)
+        if key not in self.graphs:
+            buffer = torch.zeros((1, bucket), dtype=torch.long, device=self.model.device)
+            rows = torch.arange(keep, device=self.model.device)  # (keep,): which positions' logits
+            self.graphs[key] = self._graph(lambda: self._call(buffer, features, rows, self.model)), buffer, rows
+        graph, buffer, rows = self.graphs[key]
+        buffer[:, :n].copy_(input_ids)
+        buffer[:, n:].zero_()  # any token: no real position attends to it
+        torch.arange(n - keep, n, device=rows.device, out=rows)  # on the device: no copy from the host
+        graph.replay()
+        rollback(self.cache, bucket - n)
+        logits, hidden = graph.output
+        return logits.clone(), (hidden[:n].clone() if hidden is not None else None)
 
     def chain(self, pending: torch.Tensor, k: int, sampler, vocab: int, generator=None):
         """Draft k tokens after ``pending`` (m,) in one replay, as a drafting loop would call the model k times:
@@ -155,6 +211,7 @@ class StaticModel:
         Returns copies of the tokens (k,) and their distributions (k, vocab); advances the pointers by
         m + k - 1 (the k-th token is drawn, not fed). Use it where `replays`.
         """
+        self.fresh = False
         key = ("chain", len(pending), k, sampler, vocab)
         if key not in self.graphs:
             buffer = torch.zeros((1, len(pending)), dtype=torch.long, device=self.model.device)

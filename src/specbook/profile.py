@@ -185,7 +185,7 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
             name = part
             if part == "target" and first[0]:
                 first[0] = False
-                if not drafter.needs_prefill:  # the prompt's call, eager: not a decode call, nor the step's own work
+                if not drafter.needs_prefill:  # the prompt's call: not a decode call, nor the step's own work
                     name = "prompt"
             outer, operators.part = operators.part, name
             reads = counting.get("reads")

@@ -73,7 +73,9 @@ class ModelDrafter(Drafter):
         else:  # the model's static cache for drafting, emptied, and the runner that replays its steps
             self.forward = static_model(self.model, self.static_length, "draft", self.compile)
             self.cache = self.forward.start()
-        if input_ids.shape[1] > 1:
+        if input_ids.shape[1] > 1 and self.forward is not None:
+            self.forward(input_ids[:, :-1], keep=1)  # the prompt's graph (`specbook.graphs.StaticModel`)
+        elif input_ids.shape[1] > 1:
             self.model(input_ids[:, :-1], past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         self.pending = input_ids[0, -1:]  # (n,): context tokens the cache has not seen yet
         self.proposed = self.pending[:0]  # (K,): this step's drafts
