@@ -142,6 +142,10 @@ def test_a_target_token_the_draft_cannot_read_is_refused():
     draft = tiny_family_model("llama", seed=1, layers=1)
     with pytest.raises(ValueError, match="padding row .* cannot read"):
         speculative_generate(target, draft, prompt, 4, k=2, sampler=Sampler(0))
+    replayed = _graphs(lambda: speculative_generate(target, draft, prompt, 12, k=2, sampler=Sampler(0), cache="static"))
+    for _ in range(2):  # the second replays, the next chain drafted ahead of the host's check (on a clamped token)
+        with pytest.raises(ValueError, match="padding row .* cannot read"):
+            replayed()
 
 
 @pytest.mark.parametrize("config", ["Llama4TextConfig", "Qwen3NextConfig"])

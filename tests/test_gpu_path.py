@@ -310,6 +310,31 @@ def test_a_generations_first_call_replays_a_padded_graph(models, device, replaye
     assert replayed_buckets == {8, 16}
 
 
+@pytest.mark.parametrize("sampler", [Sampler(0), Sampler(1.0)], ids=["greedy", "sampled"])
+def test_the_next_chain_is_drafted_before_the_outcome_is_read(models, device, replayed, sampler, monkeypatch):
+    """With a fixed K the draft model queues the next step's chain before the host reads the outcome
+    (`ModelDrafter.draft_ahead`), at every step but the last: the same drafts, acceptances and tokens as
+    drafting after the read, seed for seed (the random stream is drawn in the same order), and greedily
+    autoregressive decoding's tokens. Two drafts: one that is mostly rejected, and the target itself,
+    mostly accepted (the next chain then starts from the last draft)."""
+    target, draft = models
+    calls, original = [], ModelDrafter.draft_ahead
+    monkeypatch.setattr(ModelDrafter, "draft_ahead", lambda self, *args, **options: calls.append(
+        original(self, *args, **options)) or calls[-1])
+    reference = autoregressive_generate(target, prompt_on(device), 40, Sampler(0)).token_ids
+    for drafter, seed in [(draft, 0), (draft, 1), (target, 2)]:
+        options = dict(k=3, sampler=sampler, seed=seed, cache="static")
+        speculative_generate(target, drafter, prompt_on(device), 40, **options)  # every graph captured
+        calls.clear()
+        ahead = speculative_generate(target, drafter, prompt_on(device), 40, **options)
+        assert sum(calls) >= len(ahead.steps) // 2 and all(calls)  # not near the end: K might not fit there
+        with monkeypatch.context() as patch:
+            patch.setattr(ModelDrafter, "draft_ahead", lambda *args, **options: False)
+            after = speculative_generate(target, drafter, prompt_on(device), 40, **options)
+        assert ahead.steps == after.steps and ahead.token_ids == after.token_ids
+        assert ahead.token_ids == reference or not sampler.greedy
+
+
 def test_padding_refused_where_the_rotary_embedding_reads_the_largest_position():
     from types import SimpleNamespace
 

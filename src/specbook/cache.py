@@ -95,11 +95,19 @@ def is_static(cache) -> bool:
     return isinstance(cache, StaticCache)
 
 
-def rollback(cache, num_tokens: int) -> None:
-    """Forget the last ``num_tokens`` positions of ``cache`` (in place): crop it, or move its pointers back."""
-    if num_tokens < 0:
+def rollback(cache, num_tokens: int | torch.Tensor) -> None:
+    """Forget the last ``num_tokens`` positions of ``cache`` (in place): crop it, or move its pointers back.
+
+    A static cache also takes ``num_tokens`` as a 0-d tensor on its device, a count the host has not read
+    (the engine's drafting ahead, `specbook.drafters.ModelDrafter.draft_ahead`): it must be >= 0.
+    """
+    on_device = isinstance(num_tokens, torch.Tensor)
+    if on_device and not is_static(cache):
+        raise ValueError("a number of tokens held on the device rolls back a static cache only (a dynamic cache "
+                         "crops on the host)")
+    if not on_device and num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0 (got {num_tokens})")
-    if not num_tokens:
+    if not on_device and not num_tokens:
         return
     if is_static(cache):
         for layer in cache.layers:
@@ -107,8 +115,10 @@ def rollback(cache, num_tokens: int) -> None:
                 raise ValueError(f"rollback needs full-length StaticLayer cache layers (got {type(layer).__name__}): "
                                  "make the cache with specbook.cache.new_cache")
         pointers = [layer.cumulative_length for layer in cache.layers if layer.is_initialized]  # device scalars
-        if pointers:
-            torch._foreach_sub_(pointers, num_tokens)  # every layer's pointer in one kernel: no copy, no sync
+        if pointers and on_device:  # every layer's pointer in one kernel: no copy, no sync
+            torch._foreach_add_(pointers, num_tokens, alpha=-1)  # (its "sub" would read the tensor on the host)
+        elif pointers:
+            torch._foreach_sub_(pointers, num_tokens)
     else:
         cache.crop(-num_tokens)
 

@@ -41,9 +41,12 @@ KV caches, keeps them between generations and rolls back by moving a length poin
 ``compile=True`` fuses the kernels inside it. Drafts stay on the device, a chain's accept/reject
 decision is made there (`chain_outcome`), and the next pending token is fed from there: the host waits
 for the device once per step, to read the number accepted, the next token and the drafts in one copy.
+With a fixed K, a draft model queues the next step's chain before that wait (`Drafter.draft_ahead`), so
+the device goes on to the next step while the host does the bookkeeping of this one.
 """
 
 import time
+from functools import partial
 
 import torch
 
@@ -51,7 +54,7 @@ from .batch import generate_batch
 from .cache import check_cache_options, is_static, keep_positions, new_cache, rollback
 from .drafters import as_drafter
 from .models import check_prompt, vocab_size
-from .policies import DraftLength, as_policy
+from .policies import DraftLength, FixedK, as_policy
 from .records import BatchGeneration, Generation, Stats, Step, finish, step_stats
 from .graphs import StaticModel, static_model
 from .rejection import chain_outcome, chain_outcome_greedy
@@ -200,11 +203,12 @@ def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(),
     return Generation(token_ids, stats, text=text)
 
 
-def _chain_step(target, cache, pending, draft, drafter, sampler, generator, vocab, features, forward):
+def _chain_step(target, cache, pending, draft, drafter, sampler, generator, vocab, features, forward, ahead=None):
     """Verify a chain of drafts (or none) with one target call; roll ``cache`` back and tell ``drafter``.
 
     ``pending`` (m,) holds the tokens the cache has not seen, on the device. The step's one wait for the
-    device reads the outcome (`chain_outcome`) and the drafts in one copy. Returns the `Step`, the next
+    device reads the outcome (`chain_outcome`) and the drafts in one copy; ``ahead``, if given, is called
+    with the outcome (2,) on the device just before, to queue work for the next step. Returns the `Step`, the next
     pending token (1,) on the device, the target's distributions at the committed positions
     (accepted + 1, vocab) and the draft's distributions (or None), for the drafter's and the policy's
     hooks, and, when ``features`` is set, the target's features at the committed positions
@@ -220,6 +224,8 @@ def _chain_step(target, cache, pending, draft, drafter, sampler, generator, voca
         outcome = chain_outcome(drafted, draft.over(vocab), target_probs, generator)
     else:
         outcome = torch.stack([torch.zeros_like(drafted).sum(), sampler.sample(target_probs[0], generator)])
+    if ahead is not None and len(drafted):
+        ahead(outcome)
     accepted, next_token, *drafted_ids = torch.cat([outcome, drafted]).tolist()  # the step's one sync
     rollback(cache, len(drafted) - accepted)
     drafter.update(accepted, next_token)
@@ -332,11 +338,18 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     while len(token_ids) < max_new_tokens and (not token_ids or token_ids[-1] != eos_token_id):
         budget = min(policy.next_k(), max_new_tokens - len(token_ids) - 1)  # a step emits up to budget + 1 tokens
         draft = drafter.propose(budget, sampler, generator, keep_drafting) if budget > 0 else None
+        ahead = None  # a fixed K whose next step has room for all K: the drafter may draft it before the outcome
+        if type(policy) is FixedK and len(token_ids) + budget + policy.k + 2 <= max_new_tokens:
+            ahead = partial(drafter.draft_ahead, k=policy.k, sampler=sampler, generator=generator)
         tree = draft is not None and draft.parents is not None
         if tree and len(pending) > 1:  # a tree's mask is built after one pending token: cache the prompt first
             pending, _ = _prefill(target, kv_cache, input_ids)
-        step, pending, committed_probs, step_draft_probs, committed_features = (_tree_step if tree else _chain_step)(
-            target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, forward)
+        if tree:
+            step, pending, committed_probs, step_draft_probs, committed_features = _tree_step(
+                target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, forward)
+        else:
+            step, pending, committed_probs, step_draft_probs, committed_features = _chain_step(
+                target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, forward, ahead)
         drafter.observe_target(committed_probs)  # the target at the committed positions
         if features:
             drafter.observe_features(committed_features)

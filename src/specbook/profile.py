@@ -7,7 +7,9 @@ target's probabilities (``Sampler.probs`` outside drafting), verification (`chai
 `verify_tree`), and the rollback of both caches (`cache.rollback` and the drafter's ``update``).
 What is left of a step's wall time is the engine's own bookkeeping. Times are exclusive: a part
 called inside another counts once, in the innermost. On a GPU every boundary synchronises, so the
-profile slows the run down a little and says where the time goes, not how fast the run is.
+profile slows the run down a little and says where the time goes, not how fast the run is; and the
+steps run one after the other, without the next chain drafted ahead of the host's read
+(`specbook.drafters.ModelDrafter.draft_ahead`), so that each part's time is its own.
 
 Chapter 3's formula puts a step at K draft calls plus one target call; the rest is what an engine
 adds: part of the gap between the formula's speedup and the measured one (chapter 4).
@@ -99,6 +101,7 @@ def step_profile(target, drafter, prompts, k=4, max_new_tokens=64, sampler=Sampl
             patches.enter_context(mock.patch.object(module, name, timer.wrap(part, getattr(module, name))))
         patches.enter_context(mock.patch.object(drafter, "propose", timer.wrap("draft", drafter.propose)))
         patches.enter_context(mock.patch.object(drafter, "update", timer.wrap("rollback", drafter.update)))
+        patches.enter_context(mock.patch.object(drafter, "draft_ahead", lambda *args, **options: False))
         for input_ids in prompts:
             started = _clock()
             generation = speculative_generate(target, drafter, input_ids, max_new_tokens, k, sampler, seed, **path)
@@ -163,8 +166,8 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
       its steps), and ``syncs_in_calls_per_step`` those made inside its decode calls (Hugging Face's eager code
       reads a static cache's length; a replayed graph or a compiled call does not);
     - ``target_host_us_per_call`` and ``draft_host_us_per_call``: the host's microseconds from a decode call's
-      start to its return (the target's verification calls, the drafter's ``propose`` per draft call), the
-      prompt's call excluded. On a GPU the host does not wait for the device inside them (it waits once a
+      start to its return (the target's verification calls, the drafter's ``propose`` and ``draft_ahead`` per
+      draft call), the prompt's call excluded. On a GPU the host does not wait for the device inside them (it waits once a
       step, after them), so this is what launching a call costs; on a CPU the call's work is done by then too;
     - ``operators_per_step_outside_calls``, ``operators_per_target_call``, ``operators_per_draft_call``:
       operators dispatched by torch per step outside the model calls (sampling, verification, bookkeeping) and
@@ -213,6 +216,7 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
     with ExitStack() as patches:
         patches.enter_context(mock.patch.object(decoding, "_target_forward", timed("target", forward)))
         patches.enter_context(mock.patch.object(drafter, "propose", timed("draft", propose)))
+        patches.enter_context(mock.patch.object(drafter, "draft_ahead", timed("draft", drafter.draft_ahead)))
         with host_reads() as reads, operators:
             counting["reads"] = reads
             generation = run()

@@ -93,6 +93,14 @@ class Drafter:
         """
         raise NotImplementedError
 
+    def draft_ahead(self, outcome: torch.Tensor, k: int, sampler, generator: torch.Generator | None) -> bool:
+        """Draft the next step's ``k`` tokens before the host reads this step's ``outcome`` (2,), on the device:
+        [number accepted, next token]. Called after ``propose`` and before ``update``, only where the next step
+        drafts ``k`` whatever the outcome; ``update`` follows, then ``propose(k)``, which returns that draft. A
+        drafter that can (`ModelDrafter`, where its drafts replay as a graph) overrides this; the default
+        declines, returning False."""
+        return False
+
     def observe_target(self, target_probs: torch.Tensor) -> None:
         """After ``update``: the target's distributions (num_accepted + 1, vocab) at the positions the
         step committed, row i the one that predicted its i-th token. A drafter that learns from the

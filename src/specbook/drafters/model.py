@@ -7,7 +7,9 @@ everything was accepted, and always the target's next token -- to be fed in the 
 Drafts stay on the model's device: drafting K tokens never waits for the GPU (unless a
 ``keep_drafting`` policy must read the draft's confidence), and with ``cache="static"`` on a GPU the K
 draft steps are one replayed CUDA graph (`specbook.graphs.StaticModel.chain`), its kernels compiled with
-``compile=True``.
+``compile=True``. There the next step's chain can even be queued before the host reads this step's
+outcome (`ModelDrafter.draft_ahead`), so that the GPU goes from one step to the next without waiting
+for the host's bookkeeping in between.
 """
 
 import torch
@@ -79,13 +81,19 @@ class ModelDrafter(Drafter):
             self.model(input_ids[:, :-1], past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         self.pending = input_ids[0, -1:]  # (n,): context tokens the cache has not seen yet
         self.proposed = self.pending[:0]  # (K,): this step's drafts
+        self.last_fed = self.pending  # (1,): the context's last token, which the first draft follows
+        self.ahead = None  # the next step's `Draft`, made before the host read this step's outcome
         self.calls = 0
 
     def propose(self, k, sampler, generator, keep_drafting=None):
+        if self.ahead is not None:  # drafted during the last step (`draft_ahead`), for this k
+            draft, self.ahead = self.ahead, None
+            return self._drafted(draft.tokens, draft.probs)
+        pending, self.pending, self.last_fed = self.pending, self.pending[:0], self.pending[-1:]
         if keep_drafting is None and self.forward is not None and self.forward.replays:  # K steps, one replay
-            return self._drafted(*self.forward.chain(self.pending, k, sampler, self.vocab_size, generator))
+            return self._drafted(*self.forward.chain(pending, k, sampler, self.vocab_size, generator))
         tokens, probs = [], []
-        inputs = self.pending[None]  # (1, n)
+        inputs = pending[None]  # (1, n)
         for _ in range(k):
             if self.forward is None:
                 logits = self.model(inputs, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0]
@@ -102,11 +110,33 @@ class ModelDrafter(Drafter):
         return self._drafted(torch.stack(tokens), torch.stack(probs))
 
     def _drafted(self, tokens, probs) -> Draft:
-        """The step's `Draft` of ``tokens`` (k,) with their distributions (k, vocab), now fed or proposed."""
+        """The step's `Draft` of ``tokens`` (k,) with their distributions (k, vocab)."""
         self.calls += len(tokens)
-        self.pending = self.pending[:0]
         self.proposed = tokens
         return Draft(tokens, probs)
+
+    def draft_ahead(self, outcome, k, sampler, generator) -> bool:
+        """Queue the next step's chain of ``k`` drafts now, behind this step's verification, before the host has
+        read its ``outcome`` (2,) on the device: [number accepted, next token].
+
+        The host's work between two steps (reading the outcome, rolling the target back, the engine's
+        bookkeeping, launching the next chain) would otherwise leave the GPU idle. The draft's cache rolls back
+        on the device, to the context and the accepted drafts but the last committed token, which the chain
+        reads again with the next token: two tokens whatever was accepted, one graph. `update` then only checks
+        the next token; `propose` returns this draft. Only a draft model whose chain replays does it (not a
+        subclass that drafts its own way); returns whether it did.
+        """
+        if (type(self).propose is not ModelDrafter.propose or type(self).update is not ModelDrafter.update
+                or self.forward is None or not self.forward.replays or not len(self.proposed)):
+            return False
+        accepted = outcome[:1]  # (1,)
+        last = torch.cat([self.last_fed, self.proposed]).gather(0, accepted)  # (1,): the token before the next
+        rows = self.model.get_input_embeddings().num_embeddings
+        pending = torch.cat([last, outcome[1:].clamp(max=rows - 1)])  # (2,); a token it lacks: `update` refuses
+        rollback(self.cache, len(self.proposed) - accepted[0])  # the cache held the context and n - 1 drafts
+        self.last_fed = pending[1:]
+        self.ahead = Draft(*self.forward.chain(pending, k, sampler, self.vocab_size, generator))
+        return True
 
     def _check_readable(self, token: int) -> None:
         """Refuse a target token beyond the draft's embedding: a padding row only a wider target has."""
@@ -118,6 +148,8 @@ class ModelDrafter(Drafter):
 
     def update(self, num_accepted, next_token):
         self._check_readable(next_token)
+        if self.ahead is not None:  # the cache and the next drafts moved on already, on the device
+            return
         in_cache = max(len(self.proposed) - 1, 0)  # the last draft was sampled, never fed
         rollback(self.cache, in_cache - min(num_accepted, in_cache))
         next_token = torch.full((1,), next_token, dtype=self.proposed.dtype, device=self.device)  # no host copy
