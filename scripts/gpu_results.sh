@@ -5,16 +5,18 @@
 #   bash scripts/gpu_results.sh OUT
 #
 # 1. the GPU tests (tests/test_gpu_path.py, their CUDA cases: graphs, one sync per step, chi-square on the device);
-# 2. the built-in pair's benchmark in bfloat16 (OUT/gpu-builtin-bfloat16.json: commit it as results/gpu.json);
-# 3. the cost probe at full size (OUT/costs.json: Llama-3.1-8B / 3.2-1B and Qwen2.5-7B / 0.5B, random weights);
-# 4. the built-in pair in float16, without Hugging Face's rows (OUT/gpu-builtin-float16.json);
+# 2. the GPU path with and without its prompt graphs and its drafting ahead (scripts/gpu_ablation.py, in the log);
+# 3. the built-in pair's benchmark in bfloat16 (OUT/gpu-builtin-bfloat16.json: commit it as results/gpu.json);
+# 4. the cost probe at full size (OUT/costs.json: Llama-3.1-8B / 3.2-1B and Qwen2.5-7B / 0.5B, random weights);
 # 5. where a speculative step's time goes on the GPU path (`bench --suite profile`, in the log);
-# 6. only when STEPS names it: the built-in pair with compiled kernels inside the graphs, without Hugging Face's
-#    rows (OUT/gpu-builtin-compiled.json): its warm-up is compilation, a minute or more.
+# 6. only when STEPS names them: the built-in pair in float16, without Hugging Face's rows
+#    (OUT/gpu-builtin-float16.json), and with compiled kernels inside the graphs, without Hugging Face's rows
+#    (OUT/gpu-builtin-compiled.json): its warm-up is compilation, a minute or more.
 #
 # Each step has a time limit of its own, so a slow step cannot take the others' time; the logs land in OUT/log.txt,
 # the steps' times in OUT/steps.txt.
-# STEPS (default "tests bfloat16 costs float16 profile") picks the steps, in that order.
+# STEPS (default "tests ablation bfloat16 costs profile") picks the steps, in that order; the limits of the
+# default add up to 470 s.
 # The device lacks altair and the jsonschema stack: wheels found in .whl/ are installed first (see
 # ../shared/GPU.md for the command that downloads them on a machine with a network). Settings from the
 # environment: PYTHON, KS, REPEATS, STEPS, and HF=--no-hf to leave Hugging Face's rows out of step 2.
@@ -26,7 +28,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TQDM_DISABLE=1  # no progress bars in the logs
-ks=${KS:-3,4,5,6} repeats=${REPEATS:-3} python=${PYTHON:-python3} steps=" ${STEPS:-tests bfloat16 costs float16 profile} "
+ks=${KS:-3,4,5,6} repeats=${REPEATS:-3} python=${PYTHON:-python3} steps=" ${STEPS:-tests ablation bfloat16 costs profile} "
 started=$SECONDS
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT/log.txt, note its time in OUT/steps.txt
@@ -45,6 +47,7 @@ $python -c "import torch, transformers; print(torch.__version__, torch.version.c
 wanted() { [[ $steps == *" $1 "* ]]; }
 wanted tests && step tests 100 $python -m pytest tests/test_gpu_path.py -q -rs -k "not cpu" -p no:cacheprovider \
     -p no:logging
+wanted ablation && step ablation 60 $python scripts/gpu_ablation.py --device cuda --dtype bfloat16 --k 5 --repeats 3
 wanted bfloat16 && step builtin-bfloat16 220 $python -m specbook bench --suite gpu --device cuda --dtype bfloat16 \
     --ks "$ks" --repeats "$repeats" ${HF:---hf} --json "$out/gpu-builtin-bfloat16.json"
 wanted costs && step costs 60 $python -m specbook bench --suite costs --device cuda --ks 6 --repeats 10 \
