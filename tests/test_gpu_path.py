@@ -83,15 +83,23 @@ def test_static_greedy_speculative_equals_autoregressive(models, device, k, whic
     assert which == "small" or result.stats.acceptance_rate == 1.0
 
 
-def test_static_target_with_other_drafters(models, device):
-    """The static target cache under a model-free drafter and a feature-reading one (EAGLE, as a chain)."""
+def test_static_target_with_other_drafters(models, device, monkeypatch):
+    """The static target cache under a model-free drafter and a feature-reading one (EAGLE, as a chain), its
+    calls replayed or not: the same drafts either way (EAGLE's read the prompt's features, from the prompt's
+    padded graph when replayed), and autoregressive decoding's tokens."""
     target, _ = models
     torch.manual_seed(0)
     eagle = EagleHead(target.config).to(device)
     reference = autoregressive_generate(target, prompt_on(device), 30, Sampler(0)).token_ids
     for drafter in (NGramDrafter(), EagleDrafter(target, eagle)):
-        result = speculative_generate(target, drafter, prompt_on(device), 30, k=3, sampler=Sampler(0), cache="static")
-        assert result.token_ids == reference, type(drafter).__name__
+        steps = []
+        for replayed in (False, True, True):  # the first replayed run may fill a new cache eagerly
+            monkeypatch.setattr(specbook.graphs, "CAPTURE_ON_CPU", replayed)
+            result = speculative_generate(target, drafter, prompt_on(device), 30, k=3, sampler=Sampler(0),
+                                          cache="static")
+            assert result.token_ids == reference, type(drafter).__name__
+            steps.append(result.steps)
+        assert steps[0] == steps[-1], type(drafter).__name__
 
 
 def test_compiled_greedy_equals_autoregressive(models, device, eager_compile):
