@@ -101,7 +101,8 @@ class StaticModel:
         self.model, self.max_length, self.compile = model, max_length, compile
         self.cache = new_cache(model, max_length)
         self.forward = compiled(model) if compile else model
-        self.graphs = {}  # (n, features) -> (graph, its input buffer (1, n)); graph.output: (logits, features)
+        self.graphs = {}  # (n, features) -> (graph, its input buffer (1, n)); graph.output: (logits, features);
+        # also ("prompt", bucket, keep, features) and ("chain", m, k, sampler, vocab), with their buffers
         self.pool = torch.cuda.graph_pool_handle() if model.device.type == "cuda" else None
         self.pads = pads_safely(model.config)
         self.fresh = True  # no call since `start`: the next one reads the prompt
