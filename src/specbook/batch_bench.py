@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from .bench import INPUT_GROUNDED, OPEN_ENDED, REPETITIVE, _clock, generate_options, machine
 from .decoding import autoregressive_generate, speculative_generate
-from .models import assets_dir
+from .models import assets_dir, embedding_rows
 from .policies import BatchSizeK, check_integer
 from .ragged import RaggedCache
 from .records import acceptance_rate
@@ -56,7 +56,7 @@ def call_costs(model, batch_sizes, positions, context: int = 64, repeats: int = 
     ``context`` tokens, at each batch size: {batch size: [seconds for each n]}. Random tokens: the cost of a
     call does not depend on which tokens it reads. The n are interleaved in every round."""
     costs = {}
-    vocab = model.get_input_embeddings().num_embeddings
+    vocab = embedding_rows(model)
     for batch in batch_sizes:
         tokens = torch.randint(vocab, (batch, context + max(positions)), device=model.device)
         cache = RaggedCache(model, batch)

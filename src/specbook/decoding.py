@@ -56,7 +56,7 @@ from .drafters import as_drafter
 from .models import check_prompt, vocab_size
 from .policies import DraftLength, FixedK, as_policy
 from .records import BatchGeneration, Generation, Stats, Step, finish, step_stats
-from .graphs import StaticModel, static_model
+from .graphs import StaticModel, prefill, static_model
 from .rejection import chain_outcome, chain_outcome_greedy
 from .sampling import Sampler, make_generator
 from .seq2seq import EncoderDecoderView, check_encoder_inputs, decoder_start, encode, is_encoder_decoder
@@ -133,22 +133,6 @@ def _static_length(model, input_ids, max_new_tokens, cache):
     rounded = -(-needed // STATIC_BLOCK) * STATIC_BLOCK
     context = getattr(model.config, "max_position_embeddings", None)
     return rounded if context is None else min(rounded, context)
-
-
-def _prefill(model, cache, input_ids, features=False, forward=None):
-    """Feed all prompt tokens but the last into the empty ``cache``; return the last as pending.
-
-    With ``features``, also return the model's features at those T - 1 positions (None for a
-    one-token prompt): the last layer's hidden states, the input of the LM head. ``forward``: the
-    model's `StaticModel` where ``cache`` is its (the call then replays a prompt's graph).
-    """
-    context, hidden = input_ids[:, :-1], None
-    if context.shape[1] and isinstance(forward, StaticModel):
-        hidden = forward(context, features, keep=1)[1]
-    elif context.shape[1]:
-        outputs = model(context, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=features)
-        hidden = outputs.hidden_states[-1][0] if features else None  # (T - 1, hidden)
-    return input_ids[0, -1:], hidden
 
 
 def _target_forward(cache, input_ids, features, forward, **inputs):
@@ -322,7 +306,7 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     features = drafter.uses_features
     kv_cache, forward = _caches(target, static_length, compile)
     if drafter.needs_prefill:
-        pending, prompt_features = _prefill(target, kv_cache, input_ids, features, forward)
+        pending, prompt_features = prefill(target, kv_cache, input_ids, features, forward)
     else:  # the prompt goes into the first verification call, as one more call would cost a step's time
         pending, prompt_features = input_ids[0], None
     if drafter.uses_target_cache:
@@ -343,7 +327,7 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
             ahead = partial(drafter.draft_ahead, k=policy.k, sampler=sampler, generator=generator)
         tree = draft is not None and draft.parents is not None
         if tree and len(pending) > 1:  # a tree's mask is built after one pending token: cache the prompt first
-            pending, _ = _prefill(target, kv_cache, input_ids)
+            pending, _ = prefill(target, kv_cache, input_ids)
         if tree:
             step, pending, committed_probs, step_draft_probs, committed_features = _tree_step(
                 target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, forward)

@@ -237,6 +237,22 @@ class StaticModel:
         return tokens.clone(), probs.clone()
 
 
+def prefill(model, cache, input_ids, features=False, runner=None):
+    """Feed all prompt tokens but the last into the empty ``cache``; return the last as pending (1,).
+
+    With ``features``, also return the model's features at those T - 1 positions (None for a
+    one-token prompt): the last layer's hidden states, the input of the LM head. ``runner``: the
+    model's `StaticModel` where ``cache`` is its (the call is then its first: a prompt's graph).
+    """
+    context, hidden = input_ids[:, :-1], None
+    if context.shape[1] and isinstance(runner, StaticModel):
+        hidden = runner(context, features, keep=1)[1]
+    elif context.shape[1]:
+        outputs = model(context, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=features)
+        hidden = outputs.hidden_states[-1][0] if features else None  # (T - 1, hidden)
+    return input_ids[0, -1:], hidden
+
+
 _MODELS = weakref.WeakKeyDictionary()  # model -> {(max_length, role, compile): StaticModel}
 
 

@@ -85,11 +85,17 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(param.numel() * param.element_size() for param in model.parameters())
 
 
+def embedding_rows(model: torch.nn.Module) -> int:
+    """The token ids ``model`` can read: the rows of its input embedding (a padded matrix has more than its
+    tokenizer's tokens)."""
+    return model.get_input_embeddings().num_embeddings
+
+
 def check_token_ids(input_ids: torch.Tensor, model: torch.nn.Module, name: str = "input_ids") -> None:
     """Refuse token ids that ``model`` cannot embed: each must be in [0, rows of its input embedding)."""
     if input_ids.is_floating_point() or input_ids.dtype == torch.bool:
         raise ValueError(f"{name} must hold integer token ids (got {input_ids.dtype})")
-    rows = model.get_input_embeddings().num_embeddings
+    rows = embedding_rows(model)
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or high >= rows:
         raise ValueError(f"{name} must be token ids in [0, {rows}), the rows of the model's embedding (got ids from "
@@ -133,7 +139,7 @@ def describe_pair(target: torch.nn.Module, draft: torch.nn.Module, tokenizer=Non
     check_pair(target, draft)
     report = {}
     for role, model in (("target (q)", target), ("draft (p)", draft)):
-        rows = model.get_input_embeddings().num_embeddings
+        rows = embedding_rows(model)
         report[role] = {"family": model.config.model_type, "layers": model.config.num_hidden_layers,
                         "parameters": sum(weight.numel() for weight in model.parameters()),
                         "embedding rows": rows,

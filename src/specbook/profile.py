@@ -41,7 +41,7 @@ PARTS = ("draft", "target call", "probabilities", "verification", "rollback", "p
 WRAPPED = [(decoding, "_target_forward", "target call"), (decoding, "chain_outcome", "verification"),
            (decoding, "chain_outcome_greedy", "verification"),
            (decoding, "verify_tree", "verification"), (decoding, "rollback", "rollback"),
-           (decoding, "_prefill", "prefill"), (Sampler, "probs", "probabilities")]  # (owner, attribute, part)
+           (decoding, "prefill", "prefill"), (Sampler, "probs", "probabilities")]  # (owner, attribute, part)
 
 
 class _Timer:

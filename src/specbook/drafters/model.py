@@ -15,8 +15,8 @@ for the host's bookkeeping in between.
 import torch
 
 from ..cache import check_cache_options, new_cache, rollback
-from ..graphs import static_model
-from ..models import SHARED_ENCODER, check_pair, check_token_ids, vocab_size
+from ..graphs import prefill, static_model
+from ..models import SHARED_ENCODER, check_pair, check_token_ids, embedding_rows, vocab_size
 from ..seq2seq import EncoderDecoderView, encode, is_encoder_decoder
 from .base import Draft, Drafter
 
@@ -75,11 +75,7 @@ class ModelDrafter(Drafter):
         else:  # the model's static cache for drafting, emptied, and the runner that replays its steps
             self.forward = static_model(self.model, self.static_length, "draft", self.compile)
             self.cache = self.forward.start()
-        if input_ids.shape[1] > 1 and self.forward is not None:
-            self.forward(input_ids[:, :-1], keep=1)  # the prompt's graph (`specbook.graphs.StaticModel`)
-        elif input_ids.shape[1] > 1:
-            self.model(input_ids[:, :-1], past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-        self.pending = input_ids[0, -1:]  # (n,): context tokens the cache has not seen yet
+        self.pending = prefill(self.model, self.cache, input_ids, runner=self.forward)[0]  # (n,): not in the cache
         self.proposed = self.pending[:0]  # (K,): this step's drafts
         self.last_fed = self.pending  # (1,): the context's last token, which the first draft follows
         self.ahead = None  # the next step's `Draft`, made before the host read this step's outcome
@@ -131,8 +127,8 @@ class ModelDrafter(Drafter):
             return False
         accepted = outcome[:1]  # (1,)
         last = torch.cat([self.last_fed, self.proposed]).gather(0, accepted)  # (1,): the token before the next
-        rows = self.model.get_input_embeddings().num_embeddings
-        pending = torch.cat([last, outcome[1:].clamp(max=rows - 1)])  # (2,); a token it lacks: `update` refuses
+        next_token = outcome[1:].clamp(max=embedding_rows(self.model) - 1)  # (1,); one it lacks: `update` refuses
+        pending = torch.cat([last, next_token])  # (2,)
         rollback(self.cache, len(self.proposed) - accepted[0])  # the cache held the context and n - 1 drafts
         self.last_fed = pending[1:]
         self.ahead = Draft(*self.forward.chain(pending, k, sampler, self.vocab_size, generator))
@@ -140,7 +136,7 @@ class ModelDrafter(Drafter):
 
     def _check_readable(self, token: int) -> None:
         """Refuse a target token beyond the draft's embedding: a padding row only a wider target has."""
-        rows = self.model.get_input_embeddings().num_embeddings
+        rows = embedding_rows(self.model)
         if token >= rows:
             raise ValueError(f"the target emitted token {token}, a padding row of its vocabulary that the draft "
                              f"model's embedding ({rows} rows) cannot read: draft with a model whose embedding "
