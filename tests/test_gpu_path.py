@@ -401,10 +401,10 @@ def test_a_host_sync_in_the_loop_is_caught(models, device, eager_compile, monkey
     target, draft = models
     original = decoding._chain_step
 
-    def chatty(target, cache, pending, draft, *args):
+    def chatty(target, cache, pending, draft, *args, **options):
         if draft is not None:
             draft.tokens.tolist()
-        return original(target, cache, pending, draft, *args)
+        return original(target, cache, pending, draft, *args, **options)
 
     monkeypatch.setattr(decoding, "_chain_step", chatty)
     assert _reads_per_step(target, draft, device, Sampler(0), cache="static", compile=True) > 1

@@ -328,12 +328,9 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
         tree = draft is not None and draft.parents is not None
         if tree and len(pending) > 1:  # a tree's mask is built after one pending token: cache the prompt first
             pending, _ = prefill(target, kv_cache, input_ids)
-        if tree:
-            step, pending, committed_probs, step_draft_probs, committed_features = _tree_step(
-                target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, forward)
-        else:
-            step, pending, committed_probs, step_draft_probs, committed_features = _chain_step(
-                target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, forward, ahead)
+        verify = _tree_step if tree else partial(_chain_step, ahead=ahead)
+        step, pending, committed_probs, step_draft_probs, committed_features = verify(
+            target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, forward)
         drafter.observe_target(committed_probs)  # the target at the committed positions
         if features:
             drafter.observe_features(committed_features)
