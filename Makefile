@@ -76,9 +76,9 @@ chromium:
 
 # The unit tests with every dependency at the floor pyproject.toml declares (torch at its pinned build),
 # in a separate environment, .venv-floors: the floors are versions the package was tested with.
-# The test tools (pytest, scipy, ...) are left to pip, at versions that suit the floors.
+# The test tools (pytest, hypothesis, ...) are left to pip, at versions that suit the floors.
 FLOORS := .venv-floors
-TEST_TOOLS := pytest pytest-xdist hypothesis scipy nbformat nbclient ipykernel
+TEST_TOOLS := pytest pytest-xdist hypothesis nbformat nbclient ipykernel
 # transformers 5.4's own floor for the hub client: later releases reject some of its configs (OLMo 2).
 FLOORS_PINS := huggingface-hub==1.5.0
 
