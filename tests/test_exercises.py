@@ -40,7 +40,7 @@ from specbook.drafters.ouroboros import PhrasePool
 from specbook.drafters.medusa import DEFAULT_TREE
 from specbook.heads import MedusaHeads
 from specbook.mtp import MultiTokenHeads, mtp_model, mtp_predictions
-from specbook.exercises.ch06 import greedy_walk, siblings_output, tree_tokens_per_call_reference
+from specbook.exercises.ch06_verification import greedy_walk, siblings_output, tree_tokens_per_call_reference
 from specbook.exercises.ch04b import (encoder_decoder_speedup_reference, greedy_seq2seq_reference,
                                      seq2seq_rollback_reference, tiny_seq2seq_parts)
 from specbook.exercises.ch06b import collect_ngrams_reference, greedy_continuation, jacobi_reference

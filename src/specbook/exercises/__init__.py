@@ -17,8 +17,9 @@ depends on the weights of the book's trained pair.
 
 Tests and tools can ask for the verdict instead of the printout: ``check_residual.outcome(fn)``
 returns an :class:`Outcome` (passed, message). `CHECKS` lists every checker by name. One module
-per chapter holds its checkers (`ch01` … `ch07`, `ch04b`, `ch06b`, `ch06c`); `core` holds the machinery they share
-and `tiny` the tiny models of the decoding exercises.
+per chapter holds its checkers (`ch01` … `ch07`, `ch04b`, `ch06b`, `ch06c`; chapter 6's are split between `ch06`,
+building a tree, and `ch06_verification`, verifying one); `core` holds the machinery they share and `tiny` the tiny
+models of the decoding exercises.
 
 Notation as everywhere in the book: q is the target's distribution (`target_probs`), p the
 draft's (`draft_probs`), K the draft length (`k`), alpha the acceptance rate and c the cost ratio
@@ -36,8 +37,8 @@ from .ch04 import (check_acceptance_from_steps, check_rollback_cache, check_roll
                    check_speculative_greedy)
 from .ch04b import check_encoder_decoder_speedup, check_greedy_seq2seq, check_seq2seq_rollback, check_shift_right
 from .ch05 import check_fresh_draw_output, check_heuristic_next_k, check_ngram_draft, check_prompt_lookup
-from .ch06 import (check_medusa_tree, check_no_residual_output, check_tree_mask, check_tree_position_ids,
-                   check_tree_tokens_per_call, check_verify_tree_greedily)
+from .ch06 import check_medusa_tree, check_tree_mask, check_tree_position_ids
+from .ch06_verification import check_no_residual_output, check_tree_tokens_per_call, check_verify_tree_greedily
 from .ch06b import check_collect_ngrams, check_jacobi_step, check_self_speculative_speedup, check_window_parents
 from .ch06c import check_blockwise_accept, check_cape_siblings, check_multi_token_loss, check_phrases_after
 from .ch07 import check_accept_rows, check_batch_k, check_left_pad, check_row_positions

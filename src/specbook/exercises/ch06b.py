@@ -22,8 +22,7 @@ import torch
 from ..drafters.lookahead import lookahead_parents
 from ..theory import expected_tokens_per_step, speedup
 from .ch03 import _tokens_per_step_error
-from .ch06 import _as_ints
-from .core import Case, Check, _as_float, _as_int, _as_token_list, _same_number, _type_name, _Wrong
+from .core import Case, Check, _as_float, _as_int, _as_ints, _as_token_list, _same_number, _type_name, _Wrong
 from .tiny import random_prompt, tiny_model
 
 # --- One Jacobi iteration ---------------------------------------------------------------------------

@@ -22,8 +22,7 @@ import torch.nn.functional as F
 
 from ..drafters.glide import BINS, CaPE
 from ..drafters.ouroboros import PhrasePool
-from .ch06 import _as_ints
-from .core import Case, Check, _as_float, _as_int, _type_name, _Wrong
+from .core import Case, Check, _as_float, _as_int, _as_ints, _type_name, _Wrong
 
 # --- Blockwise acceptance ------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """The machinery every checker shares: `Check`, `Case`, `Outcome`, and the helpers that read a
-learner's answer (a number, an int, a vector) and describe it in a message.
+learner's answer (a number, an int, a list of ints, a vector) and describe it in a message.
 
 A checker is a `Check`: a name (the learner's function), a function that builds the hidden cases,
 and a comparison that returns None for a right answer or a short description of what is wrong.
@@ -230,3 +230,12 @@ def _as_token_list(got, what: str = "a list of token ids") -> list[int]:
     if not isinstance(got, (list, tuple)):
         raise _Wrong(f"expected {what}, got {_type_name(got)}.")
     return [_as_int(token, "a token id") for token in got]
+
+
+def _as_ints(got, what: str, item: str) -> list[int]:
+    """A list of Python ints from a list or tuple of ints, or a 1-D integer tensor or array."""
+    if isinstance(got, (torch.Tensor, np.ndarray)):
+        return _as_token_list(got, what)
+    if not isinstance(got, (list, tuple)):
+        raise _Wrong(f"expected {what}, got {_type_name(got)}.")
+    return [_as_int(value, item) for value in got]
