@@ -1,12 +1,13 @@
-"""Chapter 6's benchmark suite (`specbook.bench.heads_and_trees`) on tiny models: every method writes
+"""Chapter 6's benchmark suite (`specbook.suites.heads_and_trees`) on tiny models: every method writes
 the target's own greedy text, and every speculative row really drafted, accepted and rejected."""
 
 from types import SimpleNamespace
 
 import torch
 
-from specbook.bench import heads_and_trees, run_benchmark
+from specbook.bench import run_benchmark
 from specbook.sampling import Sampler
+from specbook.suites import heads_and_trees
 
 from test_heads import heads  # noqa: F401  (the fixture: tiny Medusa and EAGLE heads trained on the tiny target)
 from test_trees import noisy_copy

@@ -1,0 +1,201 @@
+"""The ``bench`` command's suites (`specbook.cli`): each runs its benchmark, prints a table and writes its file.
+
+``python -m specbook bench --suite NAME`` checks its options, loads the pair and hands it to one of these:
+`run_table` for the chapters' tables (comparison, ablation, heads: `specbook.suites`), then one function per
+suite that records a results file (gpu, family, seq2seq, batch, costs) or splits a step's time (profile).
+"""
+
+import sys
+
+import torch
+
+from .batch_bench import batch_suite, report
+from .bench import CATEGORIES, PROMPT_SETS, machine, run_benchmark
+from .costs import CPU_SCALE, cost_probe
+from .costs import report as costs_report
+from .gpu import gpu_benchmark, or_none, write_results
+from .heads import EagleHead, ExitHead, MedusaHeads
+from .models import assets_dir, load_model
+from .mtp import load_mtp
+from .profile import copy_bandwidth, step_profile
+from .sampling import Sampler
+from .spread import show_spreads, spread_of, tie_text
+from .suites import ablation, comparison, encoder_decoder, family, heads_and_trees, multi_token
+
+
+def _built_in_heads(pair, kinds=("medusa", "eagle")):
+    """The heads of ``kinds`` trained on the built-in pair's target: Medusa's, EAGLE's, the exit head."""
+    classes = {"medusa": MedusaHeads, "eagle": EagleHead, "exit": ExitHead}
+    try:
+        return [classes[kind].from_pretrained(pair.name, pair.target) for kind in kinds]
+    except FileNotFoundError as error:
+        raise ValueError(str(error)) from error
+
+
+def run_table(pair, args, packed):
+    """A chapter's table (--suite comparison, ablation or heads) on each prompt set: printed with the spread of its
+    rounds, and written as CSV with --out."""
+    import pandas as pd
+
+    sampler = Sampler(args.temperature, args.top_k, args.top_p)
+    if args.suite == "comparison":
+        methods = comparison(pair, sampler, args.max_new_tokens, args.ks, args.hf)
+    elif args.suite == "ablation":
+        methods = ablation(pair, sampler, args.max_new_tokens, max(args.ks), sweep=args.ks)
+    else:
+        methods = heads_and_trees(pair, *_built_in_heads(pair), sampler, args.max_new_tokens, max(args.ks))
+    frames = []
+    for name in (["open", "grounded"] if args.prompts == "both" else [args.prompts]):
+        prompts = [pair.encode(text) for text in PROMPT_SETS[name]]
+        frame = pd.DataFrame(run_benchmark(methods, prompts, args.repeats, args.seed))
+        frames.append(frame.assign(prompts=name))
+    table = pd.concat(frames, ignore_index=True).drop(columns="round_seconds").assign(machine=machine(),
+                                                                                     packed_target=packed)
+    shown = show_spreads(table.drop(columns=["machine", "packed_target"]), ["seconds"], unit=" s", digits=3)
+    print(show_spreads(shown, ["speedup"]).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print("seconds and speedup: the median round (the lowest and highest round's)")
+    print(f"{machine()}; the target's linear layers {'packed once (specbook.packed)' if packed else 'as loaded'}")
+    print(f"bandwidth_gb_s: the target's weights read per second if every token read them once; this machine's "
+          f"copy bandwidth is {copy_bandwidth(pair.target.device):.1f} GB/s")
+    if args.out:
+        table.to_csv(args.out, index=False)
+        print(f"written to {args.out}", file=sys.stderr)
+
+
+def run_batch(pair, args, packed):
+    """Batched decoding at each --batch-sizes (`specbook.batch_bench.batch_suite`), written as JSON with --json."""
+    sampler = Sampler(args.temperature, args.top_k, args.top_p)
+    results = batch_suite(pair, args.batch_sizes, args.ks, args.max_new_tokens, args.repeats, sampler, args.seed)
+    print(report(results))
+    if args.json:
+        write_results({**results, "packed_target": packed}, args.json)
+
+
+def run_costs(args):
+    """The cost probe (`specbook.costs`): the real pairs of --pairs with random weights, timed on this machine;
+    c, v(n) and the predicted speedups printed, and written as JSON with --json."""
+    if args.pair or args.target or args.draft:
+        raise ValueError("--suite costs builds the real pairs named by --pairs from their shapes (random weights, "
+                         "nothing downloaded): drop --pair, --target and --draft")
+    device = torch.device(args.device or "cpu")
+    scale = args.scale if args.scale is not None else 1 if device.type == "cuda" else CPU_SCALE
+    results = cost_probe(args.pairs, scale, max(args.ks), args.repeats, device=device,
+                         dtype=getattr(torch, args.dtype) if args.dtype else None, seed=args.seed)
+    print(costs_report(results))
+    if args.json:
+        write_results(results, args.json)
+        print(f"written to {args.json}", file=sys.stderr)
+
+
+def run_gpu(pair, args):
+    """The GPU benchmark (`specbook.gpu.gpu_benchmark`), greedy and at temperature 1, written as JSON."""
+    prompts = [pair.encode(text) for text in PROMPT_SETS["open" if args.prompts == "both" else args.prompts]]
+    results = gpu_benchmark(pair, prompts, args.ks, args.max_new_tokens, args.repeats, compile=args.compile,
+                            seed=args.seed, hf=args.hf)
+    models, settings = results["models"], results["settings"]
+    host = models["host_profile"]
+    print(f"{results['device']}, {pair.name} in {models['target']['dtype']}: c = {models['c']:.3f}; first runs "
+          f"(capture{', compilation' if settings['compile'] else ''}) {settings['warmup_seconds']['greedy']:.1f} s; "
+          f"host per call: target {host['target_host_us_per_call']:.0f} us, draft "
+          f"{host['draft_host_us_per_call']:.0f} us; {host['syncs_per_step']:.2f} syncs per step")
+    for sampling, best in results["best"].items():
+        tied = tie_text([f"k={k}" for k in best["tied_ks"]], best["distinguishable"])
+        hf = (f", {spread_of(best, 'speedup_vs_hf')} HF assisted at the same k, "
+              f"{spread_of(best, 'speedup_vs_fastest_hf')} the fastest HF setting ({best['fastest_hf']})"
+              if best["fastest_hf"] else "")
+        print(f"{sampling}: best k={best['k']} ({tied}), {spread_of(best, 'speedup_vs_ar')} autoregressive{hf}")
+    if args.json:
+        write_results(results, args.json)
+        print(f"written to {args.json}", file=sys.stderr)
+
+
+def run_family(pair, args, packed):
+    """Every method on every kind of text (`specbook.suites.family`, with the built-in GliDe draft and its control),
+    greedy and sampled (at --temperature, 1 if it is 0), and multi-token prediction against the MTP model's own
+    autoregressive decoding (`specbook.suites.multi_token`); one row per method, category and sampling, written as
+    JSON. A greedy row whose tokens differ from its baseline's stops the run: exactness is checked, not assumed."""
+    import pandas as pd
+
+    heads = _built_in_heads(pair, ("medusa", "eagle", "exit"))
+    glide = {part.replace("-", "_"): load_model(pair.name, part, pair.target.device, pair.target.dtype)
+             for part in ("glide", "glide-control")}
+    mtp_target, mtp_heads = load_mtp(pair.name, pair.target)
+    samplings = {"greedy": Sampler(0), "sampled": Sampler(args.temperature or 1.0, args.top_k, args.top_p)}
+    rows = []
+    for sampling, sampler in samplings.items():
+        groups = [family(pair, *heads, sampler, args.max_new_tokens, max(args.ks), **glide),
+                  multi_token(mtp_target, mtp_heads, sampler, args.max_new_tokens)]  # its own baseline
+        for category, methods in ((category, methods) for category in args.categories for methods in groups):
+            prompts = [pair.encode(text) for text in CATEGORIES[category]]
+            for row in run_benchmark(methods, prompts, args.repeats, args.seed):
+                if sampling == "greedy" and not row["same_tokens"]:
+                    raise AssertionError(f"{row['method']} changed the greedy output on the {category} prompts")
+                kept = ("k", "tokens_per_call", "acceptance_rate", "positions_per_call", "ms_per_token",
+                        "draft_calls_per_token")
+                rows.append({"method": row["method"], "category": category, "sampling": sampling,
+                             "speedup_vs_ar": row["speedup"], "speedup_vs_ar_min": row["speedup_min"],
+                             "speedup_vs_ar_max": row["speedup_max"],
+                             "same_tokens": row["same_tokens"] if sampling == "greedy" else None,
+                             **{key: row[key] for key in kept}})
+    table = pd.DataFrame(rows)
+    print(table.pivot_table(index="method", columns=["sampling", "category"], values="speedup_vs_ar", sort=False)
+          .to_string(float_format=lambda x: f"{x:.2f}"))
+    print(f"speedup over autoregressive decoding, {machine()}, the target's linear layers "
+          f"{'packed' if packed else 'as loaded'}, {args.max_new_tokens} new tokens, {args.repeats} repeats")
+    if args.json:
+        results = {"machine": machine(), "packed_target": packed, "max_new_tokens": args.max_new_tokens,
+                   "repeats": args.repeats, "sampled_temperature": samplings["sampled"].temperature,
+                   "rows": [{key: or_none(value) for key, value in row.items()} for row in rows]}
+        write_results(results, args.json)
+        print(f"written to {args.json}", file=sys.stderr)
+
+
+def run_seq2seq(pair, args, packed):
+    """An encoder-decoder pair (`specbook.suites.encoder_decoder`) on held-out passages to restore, greedy and
+    sampled (at --temperature, 1 if it is 0), every method stopping at the end of the text; one row per method
+    and sampling, written as JSON. As in the family suite, a greedy row that differs from autoregressive
+    decoding stops the run."""
+    import json
+
+    import pandas as pd
+
+    built_in = pair.name == "shakespeare-seq2seq"
+    own = load_model(pair.name, "draft-own-encoder", pair.target.device, pair.target.dtype) if built_in else pair.draft
+    texts = [row["source"] for row in json.loads((assets_dir("shakespeare-seq2seq") / "heldout_passages.json")
+                                                 .read_text())[: args.passages]]
+    prompts = [pair.encode(text) for text in texts]
+    rows = []
+    for sampling, sampler in {"greedy": Sampler(0), "sampled": Sampler(args.temperature or 1.0, args.top_k,
+                                                                       args.top_p)}.items():
+        methods = encoder_decoder(pair, own, sampler, args.max_new_tokens, args.ks, pair.tokenizer.eos_token_id)
+        for row in run_benchmark(methods, prompts, args.repeats, args.seed):
+            if sampling == "greedy" and not row["same_tokens"]:
+                raise AssertionError(f"{row['method']} changed the greedy output")
+            rows.append({"method": row["method"], "sampling": sampling, "k": row["k"],
+                         "speedup_vs_ar": row["speedup"], "speedup_vs_ar_min": row["speedup_min"],
+                         "speedup_vs_ar_max": row["speedup_max"], "same_tokens": row["same_tokens"] if sampling == "greedy"
+                         else None, **{key: row[key] for key in ("tokens_per_call", "acceptance_rate", "ms_per_token",
+                                                                 "tokens")}})
+    table = pd.DataFrame(rows)
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"{pair.name}, {len(prompts)} held-out passages, {machine()}, the target's linear layers "
+          f"{'packed' if packed else 'as loaded'}, {args.repeats} repeats")
+    if args.json:
+        write_results({"machine": machine(), "pair": pair.name, "packed_target": packed, "passages": len(prompts),
+                       "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+                       "rows": [{key: or_none(value) for key, value in row.items()} for row in rows]}, args.json)
+        print(f"written to {args.json}", file=sys.stderr)
+
+
+def run_profile(pair, args, packed):
+    """Milliseconds per speculative step, split into parts (`specbook.profile.step_profile`), one row per K."""
+    import pandas as pd
+
+    prompts = [pair.encode(text) for text in PROMPT_SETS["open" if args.prompts == "both" else args.prompts]]
+    sampler = Sampler(args.temperature, args.top_k, args.top_p)
+    rows = []
+    for k in args.ks:
+        profile = step_profile(pair.target, pair.draft, prompts, k, args.max_new_tokens, sampler, args.seed)
+        rows.append({"k": k, **profile["ms_per_step"], "tokens_per_step": profile["tokens_per_step"]})
+    print(f"milliseconds per step on {machine()}, the target's linear layers {'packed' if packed else 'as loaded'}")
+    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
