@@ -8,6 +8,7 @@ import torch
 from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from specbook.cache import SlotCache
 from specbook.decoding import speculative_generate
 from specbook.sampling import Sampler
 
@@ -67,3 +68,13 @@ def chi_square_p_value(target, drafter, sampler, samples=SAMPLES, prompt=(0, 1, 
         observed, predicted = observed[:-1], predicted[:-1]
     scale = sum(observed) / sum(predicted)  # removes float rounding of the exact probabilities
     return chisquare(observed, [value * scale for value in predicted]).pvalue
+
+
+def cached_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's committed keys and values (kv_heads, length, head_dim) of a transformers cache or a
+    `specbook.cache.SlotCache`, to compare caches of either kind."""
+    if isinstance(cache, SlotCache):
+        length = cache.get_seq_length()
+        return [(keys[:, :length], values[:, :length]) for keys, values in zip(cache.keys, cache.values)]
+    return [(layer.keys[0, :, :cache.get_seq_length()], layer.values[0, :, :cache.get_seq_length()])
+            for layer in cache.layers]

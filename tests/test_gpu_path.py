@@ -272,7 +272,7 @@ def test_a_draft_models_k_steps_are_one_replay(models, device, replayed, sampler
     runner = static_model(draft, STATIC_BLOCK, "draft")
     with torch.inference_mode():  # as the engine runs (the runner may hold a cache made there)
         runner.start()
-        draft(prompt_on(device), past_key_values=runner.cache, use_cache=True)
+        runner.eager(prompt_on(device), past_key_values=runner.cache, use_cache=True)
         pending, noise = prompt_on(device)[0, -2:], torch.rand(4, 64, device=device) + 0.01
         with monkeypatch.context() as patch:
             patch.setattr(torch.Tensor, "exponential_", lambda tensor, generator=None: tensor.copy_(noise))
@@ -280,7 +280,7 @@ def test_a_draft_models_k_steps_are_one_replay(models, device, replayed, sampler
         rollback(runner.cache, 5)
         inputs = pending[None]
         for i in range(4):
-            expected = sampler.probs(draft(inputs, past_key_values=runner.cache, use_cache=True).logits[0, -1])
+            expected = sampler.probs(runner.eager(inputs, past_key_values=runner.cache, use_cache=True).logits[0, -1])
             torch.testing.assert_close(probs[i], expected)
             assert tokens[i] == (expected.argmax() if sampler.greedy else (expected / noise[i]).argmax())
             inputs = tokens[i].view(1, 1)
@@ -367,10 +367,10 @@ def test_a_static_cache_and_its_graphs_outlive_a_generation(models, device, repl
     for _ in range(2):
         first = speculative_generate(target, draft, prompt_on(device), 20, k=3, sampler=Sampler(0), cache="static")
     runner = static_model(target, STATIC_BLOCK, "target")
-    keys, graphs = runner.cache.layers[0].keys, dict(runner.graphs)
+    keys, graphs = runner.cache.keys, dict(runner.graphs)
     again = speculative_generate(target, draft, prompt_on(device), 20, k=3, sampler=Sampler(0), cache="static")
     assert again.token_ids == first.token_ids
-    assert runner.cache.layers[0].keys is keys and runner.graphs == graphs and len(graphs) >= 2
+    assert runner.cache.keys is keys and runner.graphs == graphs and len(graphs) >= 2
 
 
 def _reads_per_step(target, draft, device, sampler, **path):

@@ -8,6 +8,7 @@ import support
 import specbook.decoding
 import specbook.trees
 from specbook.cache import keep_positions, new_cache
+from specbook.decoder import cache_and_forward
 from specbook.decoding import autoregressive_generate, speculative_generate
 from specbook.drafters import Draft, Drafter, ModelDrafter, SampledTreeDrafter, TopKTreeDrafter
 from specbook.policies import ConfidenceStop, FixedK, HeuristicK
@@ -15,7 +16,7 @@ from specbook.sampling import Sampler
 from specbook.trees import (DynamicTree, TreeSpec, grow_dynamic_tree, tree_attention_mask, tree_forward,
                             tree_positions, verify_tree, verify_tree_greedy)
 
-from support import SAMPLERS, chi_square_p_value, tiny_model
+from support import SAMPLERS, cached_layers, chi_square_p_value, tiny_model
 
 PROMPT = torch.tensor([[3, 14, 15, 9, 2, 6, 5]])
 #        root
@@ -182,22 +183,21 @@ def test_steps_of_a_tree_generation_account_for_every_token(target, draft):
 
 def test_caches_keep_only_the_accepted_paths(target, monkeypatch):
     caches = []
-    monkeypatch.setattr(specbook.decoding, "new_cache",
-                        lambda model, max_length=None: caches.append(new_cache(model, max_length)) or caches[-1])
+    monkeypatch.setattr(specbook.decoding, "cache_and_forward", lambda model, max_length, static=False: caches.append(
+        cache_and_forward(model, max_length, static)) or caches[-1])
     noisy = noisy_copy(target, noise=0.01)
     drafter = TopKTreeDrafter(noisy, (3, 2, 2))
     result = speculative_generate(target, drafter, PROMPT, 30, k=3, sampler=Sampler(0.8), seed=1)
     assert any(0 < step.accepted < len(step.drafted) for step in result.steps)  # partial paths were kept
     sequence = torch.cat([PROMPT[0], torch.tensor(result.token_ids)])
-    for model, cache, length in ((target, caches[0], len(sequence) - 1),
+    for model, cache, length in ((target, caches[0][0], len(sequence) - 1),
                                  (noisy, drafter.cache, len(sequence) - len(drafter.pending))):
         assert cache.get_seq_length() == length
         fresh = new_cache(model)
         with torch.no_grad():
             model(sequence[None, :length], past_key_values=fresh, use_cache=True)
-        for kept, expected in zip(cache.layers, fresh.layers):
-            torch.testing.assert_close(kept.keys, expected.keys, atol=1e-5, rtol=0)
-            torch.testing.assert_close(kept.values, expected.values, atol=1e-5, rtol=0)
+        for kept, expected in zip(cached_layers(cache), cached_layers(fresh)):
+            torch.testing.assert_close(kept, expected, atol=1e-5, rtol=0)
 
 
 # --- lossless under sampling: both verification rules, and a broken one that the test catches

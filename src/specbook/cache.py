@@ -14,7 +14,13 @@ forget the ones the target rejected. Rolling back never recomputes the prefix. T
   (`specbook.graphs`).
 
 Tree verification (`specbook.trees`) feeds every branch of a token tree at once; afterwards the
-cache keeps the prefix and the accepted path only (`keep_positions`, dynamic caches).
+cache keeps the prefix and the accepted path only (`keep_positions`).
+
+A third kind is the package's own: `SlotCache`, the cache of `specbook.decoder.Decoder` (the forward
+written for decoding). One buffer of keys and values for all layers and one length on the device: a
+call writes its tokens at the next slots, rolling back moves the length back, and a tree's accepted
+path is moved into place by index. On the engine's eager path it grows when a call would overflow it;
+under a replayed graph (``static=True``) its size is fixed.
 
 Sliding windows. Some families attend, in some or all layers, only to the last W positions
 (Mistral, Phi-3, Qwen2 with ``use_sliding_window``, Gemma 2 and 3, whose layers alternate between a
@@ -91,8 +97,102 @@ def new_cache(model, max_length: int | None = None):
     return cache
 
 
+class SlotCache:
+    """Keys and values of ``layers`` layers, (layers, kv_heads, max_length, head_dim) each, and one ``length`` on
+    the device: how many slots hold committed tokens. ``windows``: each layer's sliding window or None.
+
+    ``static``: the size is fixed (a replayed graph recorded its buffers); otherwise a call that would
+    overflow it first grows it (reading the length on the host). Rows of a token tree occupy slots whose
+    positions differ from their indices (`specbook.decoder.Decoder` is then given the positions and mask).
+    """
+
+    def __init__(self, layers, kv_heads, head_dim, max_length, windows, dtype, device, static=False):
+        if not isinstance(max_length, int) or max_length < 1:
+            raise ValueError(f"max_length must be an integer >= 1 (got {max_length!r})")
+        self.keys = torch.zeros(layers, kv_heads, max_length, head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros_like(self.keys)
+        self.length = torch.zeros((), dtype=torch.long, device=device)
+        self.steps = torch.arange(max_length, device=device)  # (max_length,): slot indices, made once
+        self.windows, self.static = windows, static
+
+    @property
+    def max_length(self) -> int:
+        return self.keys.shape[2]
+
+    def get_seq_length(self) -> int:
+        return int(self.length)
+
+    def reset(self) -> None:
+        self.length.zero_()
+
+    def claim(self, n: int) -> torch.Tensor:
+        """The slots (n,) of a call's n new tokens, on the device; the length moves past them. Sets ``span``, the
+        slots the call's queries attend over: all of them under a graph, else those in use (read on the host)."""
+        self.span = self.max_length
+        if not self.static:
+            self.span = int(self.length) + n
+            if self.span > self.max_length:
+                self._grow(self.span)
+        slots = self.length + self.steps[:n]
+        self.length.add_(n)
+        return slots
+
+    def _grow(self, needed: int) -> None:
+        size = max(needed, 2 * self.max_length)
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros(old.shape[:2] + (size,) + old.shape[3:])
+            new[:, :, : old.shape[2]] = old
+            setattr(self, name, new)
+        self.steps = torch.arange(size, device=self.steps.device)
+
+    def causal_masks(self, slots: torch.Tensor) -> dict:
+        """Per sliding window (None: full attention), the additive masks (n, span) of queries at positions
+        ``slots`` (n,): a key is visible at a position <= the query's, and within its window."""
+        keys = self.steps[: self.span]  # (span,)
+        masks = {}
+        for window in set(self.windows):
+            visible = keys <= slots[:, None]  # (n, span)
+            if window is not None:
+                visible &= keys > slots[:, None] - window
+            masks[window] = torch.where(visible, 0.0, torch.finfo(self.keys.dtype).min).to(self.keys.dtype)
+        return masks
+
+    def given_masks(self, attention_mask, n: int) -> dict:
+        """A tree's masks in Hugging Face's form -- (1, 1, n, keys), or one per kind of layer
+        (`specbook.masks.attention_inputs`) -- per window, as (n, span) over the slots."""
+        by_kind = attention_mask if isinstance(attention_mask, dict) else None
+        masks = {}
+        for window in set(self.windows):
+            mask = attention_mask if by_kind is None else by_kind[
+                "full_attention" if window is None else "sliding_attention"]
+            mask = mask[0, 0].to(self.keys.dtype)  # (n, keys)
+            masks[window] = torch.nn.functional.pad(mask, (0, self.span - mask.shape[1]),
+                                                    value=torch.finfo(self.keys.dtype).min)
+        return masks
+
+    def rollback(self, num_tokens) -> None:
+        self.length.sub_(num_tokens)
+
+    def keep(self, positions: torch.Tensor) -> None:
+        """Keep the slots ``positions`` (m,), increasing, moved to the first m slots."""
+        m = len(positions)
+        for buffer in (self.keys, self.values):
+            buffer[:, :, :m] = buffer.index_select(2, positions)
+        self.length.fill_(m)
+
+
 def is_static(cache) -> bool:
-    return isinstance(cache, StaticCache)
+    """Whether ``cache`` has a fixed size (a transformers `StaticCache`, or a `SlotCache` under graphs)."""
+    return isinstance(cache, StaticCache) or isinstance(cache, SlotCache) and cache.static
+
+
+def length_pointers(cache) -> list[torch.Tensor]:
+    """The device counters that say how full a fixed-size ``cache`` is: every allocated layer's of a
+    `StaticCache`, or a `SlotCache`'s one length."""
+    if isinstance(cache, SlotCache):
+        return [cache.length]
+    return [layer.cumulative_length for layer in cache.layers if layer.is_initialized]
 
 
 def rollback(cache, num_tokens: int | torch.Tensor) -> None:
@@ -102,19 +202,21 @@ def rollback(cache, num_tokens: int | torch.Tensor) -> None:
     (the engine's drafting ahead, `specbook.drafters.ModelDrafter.draft_ahead`): it must be >= 0.
     """
     on_device = isinstance(num_tokens, torch.Tensor)
-    if on_device and not is_static(cache):
+    if on_device and isinstance(cache, DynamicCache):
         raise ValueError("a number of tokens held on the device rolls back a static cache only (a dynamic cache "
                          "crops on the host)")
     if not on_device and num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0 (got {num_tokens})")
     if not on_device and not num_tokens:
         return
-    if is_static(cache):
+    if isinstance(cache, SlotCache):
+        cache.rollback(num_tokens)
+    elif isinstance(cache, StaticCache):
         for layer in cache.layers:
             if type(layer) is not StaticLayer:
                 raise ValueError(f"rollback needs full-length StaticLayer cache layers (got {type(layer).__name__}): "
                                  "make the cache with specbook.cache.new_cache")
-        pointers = [layer.cumulative_length for layer in cache.layers if layer.is_initialized]  # device scalars
+        pointers = length_pointers(cache)  # device scalars
         if pointers and on_device:  # every layer's pointer in one kernel: no copy, no sync
             torch._foreach_add_(pointers, num_tokens, alpha=-1)  # (its "sub" would read the tensor on the host)
         elif pointers:
@@ -127,13 +229,17 @@ def keep_positions(cache, positions) -> None:
     """Keep only ``positions`` (increasing indices along the sequence) of ``cache``, in place.
 
     After a tree pass over [prefix, root, nodes...], the positions of the prefix, the root and the
-    accepted nodes. Works on `DynamicCache` layers (keys and values (batch, heads, seq, head_dim)).
+    accepted nodes. Works on `DynamicCache` layers (keys and values (batch, heads, seq, head_dim)) and on
+    a `SlotCache`.
     """
     positions = torch.as_tensor(positions, dtype=torch.long)  # (m,)
     length = cache.get_seq_length()
     if positions.ndim != 1 or (positions.numel() and (positions[0] < 0 or positions[-1] >= length
                                                       or (positions.diff() <= 0).any())):
         raise ValueError(f"positions must be increasing indices in [0, {length}) (got {positions.tolist()})")
+    if isinstance(cache, SlotCache):
+        cache.keep(positions.to(cache.length.device))
+        return
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:
             raise ValueError(f"keep_positions needs DynamicLayer cache layers (got {type(layer).__name__})")

@@ -51,7 +51,8 @@ from functools import partial
 import torch
 
 from .batch import generate_batch
-from .cache import check_cache_options, is_static, keep_positions, new_cache, rollback
+from .cache import check_cache_options, is_static, keep_positions, rollback
+from .decoder import cache_and_forward
 from .drafters import as_drafter
 from .models import check_prompt, vocab_size
 from .policies import DraftLength, FixedK, as_policy
@@ -110,14 +111,14 @@ def _decoder(model, input_ids, attention_mask=None, decoder_input_ids=None):
     return EncoderDecoderView(model, encoder_outputs, attention_mask), prompt, encoder_outputs
 
 
-def _caches(model, static_length, compile):
-    """A new generation's KV cache for ``model`` and the forward of its decode calls: a fresh dynamic cache
-    and the model itself, or (``static_length`` given) the emptied cache of the model's `StaticModel`,
-    which replays its calls."""
-    if static_length is None:
-        return new_cache(model), model
-    runner = static_model(model, static_length, "target", compile)
-    return runner.start(), runner
+def _caches(model, input_ids, max_new_tokens, static_length, compile):
+    """A new generation's KV cache for ``model`` and the forward of its calls. With ``static_length``, the emptied
+    cache of the model's `StaticModel`, which replays its calls. Else a new cache with room for the prompt and
+    the new tokens, and the model's `specbook.decoder.Decoder` where it serves the model, else the model."""
+    if static_length is not None:
+        runner = static_model(model, static_length, "target", compile)
+        return runner.start(), runner
+    return cache_and_forward(model, input_ids.shape[1] + max_new_tokens)
 
 
 STATIC_BLOCK = 256  # static caches are sized in blocks of this many tokens
@@ -171,7 +172,8 @@ def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(),
     _check_inputs(model, input_ids, max_new_tokens, cache, compile)
     generator = make_generator(seed, model.device)
     started = time.perf_counter()
-    kv_cache, forward = _caches(model, _static_length(model, input_ids, max_new_tokens, cache), compile)
+    kv_cache, forward = _caches(model, input_ids, max_new_tokens, _static_length(model, input_ids, max_new_tokens, cache),
+                                compile)
     vocab = vocab_size(model)
     inputs = input_ids  # the first call reads the whole prompt
     tokens = []
@@ -304,7 +306,7 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     generator = make_generator(seed, target.device)
     started = time.perf_counter()
     features = drafter.uses_features
-    kv_cache, forward = _caches(target, static_length, compile)
+    kv_cache, forward = _caches(target, input_ids, max_new_tokens, static_length, compile)
     if drafter.needs_prefill:
         pending, prompt_features = prefill(target, kv_cache, input_ids, features, forward)
     else:  # the prompt goes into the first verification call, as one more call would cost a step's time

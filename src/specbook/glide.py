@@ -36,7 +36,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
-from .cache import attention_windows
+from .cache import SlotCache, attention_windows
 
 
 class TargetContext(NamedTuple):
@@ -56,10 +56,14 @@ def read_target_cache(cache, layers: list[int], committed: int) -> TargetContext
     """The keys and values of the target's ``layers`` at its ``committed`` positions 0 .. committed - 1.
 
     ``cache`` is the engine's: a dynamic cache, which holds just those positions between steps, or a static
-    one, whose buffers also hold rejected drafts and stale tokens past its pointer: only the filled part is read.
+    one or a `specbook.cache.SlotCache`, whose buffers also hold rejected drafts and stale tokens past its
+    pointer: only the filled part is read.
     """
     if not committed:
         return TargetContext([None] * len(layers), [None] * len(layers))
+    if isinstance(cache, SlotCache):  # (layers, kv_heads, slots, head_dim)
+        return TargetContext([cache.keys[index, None, :, :committed] for index in layers],
+                             [cache.values[index, None, :, :committed] for index in layers])
     cached = [cache.layers[index] for index in layers]
     return TargetContext([layer.keys[:, :, :committed] for layer in cached],  # (batch, kv_heads, committed, head_dim)
                          [layer.values[:, :, :committed] for layer in cached])

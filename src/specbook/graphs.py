@@ -41,7 +41,8 @@ import weakref
 
 import torch
 
-from .cache import new_cache, rollback
+from .cache import SlotCache, length_pointers, rollback
+from .decoder import cache_and_forward, forward_over
 from .sampling import exponential_race
 
 OPTIONS = dict(fullgraph=True, dynamic=False)  # torch.compile: one graph per input shape, no fallback to Python
@@ -99,8 +100,9 @@ class StaticModel:
 
     def __init__(self, model, max_length: int, compile: bool = False):
         self.model, self.max_length, self.compile = model, max_length, compile
-        self.cache = new_cache(model, max_length)
-        self.forward = compiled(model) if compile else model
+        # its `specbook.decoder.Decoder` and a fixed-size `SlotCache` where it has one, else the model itself
+        self.cache, self.eager = cache_and_forward(model, max_length, static=True)
+        self.forward = compiled(self.eager) if compile else self.eager
         self.graphs = {}  # (n, features) -> (graph, its input buffer (1, n)); graph.output: (logits, features);
         # also ("prompt", bucket, keep, features) and ("chain", m, k, sampler, vocab), with their buffers
         self.pool = torch.cuda.graph_pool_handle() if model.device.type == "cuda" else None
@@ -109,7 +111,7 @@ class StaticModel:
 
     def start(self):
         """The cache, emptied for a new generation: every layer's length pointer back to zero, in place."""
-        pointers = [layer.cumulative_length for layer in self.cache.layers if layer.is_initialized]
+        pointers = length_pointers(self.cache)
         if pointers:
             torch._foreach_zero_(pointers)  # one kernel for every layer
         self.fresh = True
@@ -129,7 +131,8 @@ class StaticModel:
         """Whether calls replay graphs: on a GPU (or ``CAPTURE_ON_CPU``), once every layer of the cache holds
         its buffers (a layer allocates them on its first write: the first generation's prompt, read eagerly)."""
         capture = self.model.device.type == "cuda" or CAPTURE_ON_CPU
-        return capture and all(layer.is_initialized for layer in self.cache.layers)
+        return capture and (isinstance(self.cache, SlotCache) or all(layer.is_initialized
+                                                                      for layer in self.cache.layers))
 
     def _graph(self, function):
         """``function`` -- work on this model's cache that reads its inputs from buffers -- captured as a graph
@@ -137,7 +140,7 @@ class StaticModel:
         on a side stream (allocations, workspaces, compilation), the cache's pointers put back after each run."""
         if self.model.device.type != "cuda":
             return _Recorded(function)
-        pointers = [layer.cumulative_length for layer in self.cache.layers]
+        pointers = length_pointers(self.cache)
         saved = [pointer.clone() for pointer in pointers]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -187,12 +190,12 @@ class StaticModel:
         n = input_ids.shape[1]
         bucket = next((size for size in PROMPT_BUCKETS if size >= n), None)
         if bucket is None or bucket > self.max_length or not self.pads or not self.replays:
-            return self._call(input_ids, features, keep, forward=self.model)
+            return self._call(input_ids, features, keep, forward=self.eager)
         key = ("prompt", bucket, keep, features)
         if key not in self.graphs:
             buffer = torch.zeros((1, bucket), dtype=torch.long, device=self.model.device)
             rows = torch.arange(keep, device=self.model.device)  # (keep,): which positions' logits
-            self.graphs[key] = self._graph(lambda: self._call(buffer, features, rows, self.model)), buffer, rows
+            self.graphs[key] = self._graph(lambda: self._call(buffer, features, rows, self.eager)), buffer, rows
         graph, buffer, rows = self.graphs[key]
         buffer[:, :n].copy_(input_ids)
         buffer[:, n:].zero_()  # any token: no real position attends to it
@@ -248,7 +251,7 @@ def prefill(model, cache, input_ids, features=False, runner=None):
     if context.shape[1] and isinstance(runner, StaticModel):
         hidden = runner(context, features, keep=1)[1]
     elif context.shape[1]:
-        outputs = model(context, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=features)
+        outputs = forward_over(model, cache)(context, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=features)
         hidden = outputs.hidden_states[-1][0] if features else None  # (T - 1, hidden)
     return input_ids[0, -1:], hidden
 

@@ -14,13 +14,15 @@ for the host's bookkeeping in between.
 
 import torch
 
-from ..cache import check_cache_options, new_cache, rollback
+from ..cache import check_cache_options, rollback
+from ..decoder import cache_and_forward
 from ..graphs import prefill, static_model
 from ..models import SHARED_ENCODER, check_pair, check_token_ids, embedding_rows, vocab_size
 from ..seq2seq import EncoderDecoderView, encode, is_encoder_decoder
 from .base import Draft, Drafter
 
-ENCODERS = ("own", "target")  # an encoder-decoder draft's encoder states: its own encoder's, or the target's
+ENCODERS = ("own", "target")
+DRAFT_ROOM = 256  # a new cache's room after the prompt; it grows when a generation needs more  # an encoder-decoder draft's encoder states: its own encoder's, or the target's
 
 
 class ModelDrafter(Drafter):
@@ -70,11 +72,12 @@ class ModelDrafter(Drafter):
 
     def start(self, input_ids: torch.Tensor) -> None:
         check_token_ids(input_ids, self.model, "the prompt (for the draft model)")
-        if self.static_length is None:
-            self.cache, self.forward = new_cache(self.model), None
+        if self.static_length is None:  # a new cache, and what runs the model over it (`specbook.decoder`)
+            self.cache, self.call = cache_and_forward(self.model, input_ids.shape[1] + DRAFT_ROOM)
+            self.forward = None
         else:  # the model's static cache for drafting, emptied, and the runner that replays its steps
             self.forward = static_model(self.model, self.static_length, "draft", self.compile)
-            self.cache = self.forward.start()
+            self.cache, self.call = self.forward.start(), self.forward.eager
         self.pending = prefill(self.model, self.cache, input_ids, runner=self.forward)[0]  # (n,): not in the cache
         self.proposed = self.pending[:0]  # (K,): this step's drafts
         self.last_fed = self.pending  # (1,): the context's last token, which the first draft follows
@@ -92,7 +95,7 @@ class ModelDrafter(Drafter):
         inputs = pending[None]  # (1, n)
         for _ in range(k):
             if self.forward is None:
-                logits = self.model(inputs, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0]
+                logits = self.call(inputs, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0]
             else:
                 logits = self.forward(inputs)[0]  # (n, vocab)
             logits = logits[-1, : self.vocab_size]  # (vocab,)

@@ -67,7 +67,7 @@ class TopKTreeDrafter(ModelDrafter):
         return order.gather(1, torch.tensor(ranks, device=order.device)[:, None])[:, 0], None
 
     def propose(self, k, sampler, generator, keep_drafting=None):
-        logits = self.model(self.pending[None], past_key_values=self.cache,
+        logits = self.call(self.pending[None], past_key_values=self.cache,
                             use_cache=True, logits_to_keep=1).logits[0, :, : self.vocab_size]  # (1, vocab): the root
         if isinstance(self.tree, DynamicTree):
             return self._dynamic(logits[0], k)
@@ -89,7 +89,7 @@ class TopKTreeDrafter(ModelDrafter):
                 if not keep_drafting(own[int(level_logp.argmax())].exp()):
                     break
             if depth < tree.depth:  # feed this level: its distributions pick the next level
-                new = tree_forward(self.model, self.cache, level_tokens, tree.parents[:drafted],
+                new = tree_forward(self.call, self.cache, level_tokens, tree.parents[:drafted],
                                    in_cache=level[0] + 1)[:, : self.vocab_size]  # (len(level), vocab)
                 logits = torch.cat([logits, new])  # (1 + nodes so far, vocab), row i + 1 is node i
                 self.calls += 1
@@ -104,7 +104,7 @@ class TopKTreeDrafter(ModelDrafter):
         def feed(tokens, fed_parents):  # (m,) new nodes on top of those fed before -> their log p (m, vocab)
             self.calls, self.fed = self.calls + 1, len(fed_parents)
             in_cache = len(fed_parents) - len(tokens) + 1  # the root and the nodes fed before
-            logits = tree_forward(self.model, self.cache, tokens, fed_parents, in_cache)
+            logits = tree_forward(self.call, self.cache, tokens, fed_parents, in_cache)
             return logits[:, : self.vocab_size].float().log_softmax(-1)
 
         tokens, parents, self.rows = grow_dynamic_tree(root_logits.float().log_softmax(-1), feed, self.tree, k)

@@ -1,0 +1,51 @@
+"""The README's calls timed on this machine: autoregressive against speculative decoding with the built-in
+pair, greedy, the book's open prompts, interleaved rounds, medians (issue criteria for the CPU path).
+
+    python scripts/cpu_speed.py --tokens 96 --ks 3,4,5,6 --rounds 5
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from specbook import Sampler, autoregressive_generate, load_pair, speculative_generate
+from specbook.bench import OPEN_ENDED, machine
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--ks", default="3,4,5,6")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    ks = [int(k) for k in args.ks.split(",")]
+    pair = load_pair("shakespeare")
+    print(machine(), "| torch", torch.__version__, "| threads", torch.get_num_threads(), "|", repr(pair.target)[:0])
+    prompts = [pair.encode(text) for text in OPEN_ENDED]
+    greedy = Sampler(temperature=0)
+    runs = {"AR": lambda p: autoregressive_generate(pair.target, p, args.tokens, sampler=greedy)}
+    runs.update({f"K={k}": (lambda p, k=k: speculative_generate(pair.target, pair.draft, p, args.tokens, k=k,
+                                                                  sampler=greedy)) for k in ks})
+    for run in runs.values():  # warm-up
+        run(prompts[0])
+    times = {name: [] for name in runs}
+    tokens = {}
+    for _ in range(args.rounds):
+        for name, run in runs.items():
+            started, ids = time.perf_counter(), []
+            for prompt in prompts:
+                ids.append(run(prompt).token_ids)
+            times[name].append((time.perf_counter() - started) * 1e3 / (args.tokens * len(prompts)))
+            tokens[name] = ids
+    base = statistics.median(times["AR"])
+    for name, values in times.items():
+        median = statistics.median(values)
+        same = tokens[name] == tokens["AR"]
+        print(f"{name:>5}: {median:6.2f} ms/token (rounds {min(values):.2f}-{max(values):.2f})  "
+              f"{base / median:4.2f}x  same tokens: {same}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""A decoder written for decoding: the Llama family's forward in a few kernels a layer.
+
+At batch one a small model's decode call costs what its kernels cost to launch, not what they compute:
+about 1.8 microseconds a kernel in a replayed CUDA graph on an H100, several on a CPU where every operator
+goes through PyTorch's dispatcher. Hugging Face's general-purpose forward launches 44 kernels a layer of a
+Llama model (its RMSNorm alone is 8, the rotary embedding 10, seven separate matmuls, a cache update, a
+boolean mask turned into an additive one). `Decoder` runs the same arithmetic from the same weights in
+about 16, as gpt-fast's ``model.py`` does:
+
+    rms_norm                                   1
+    q, k and v in one matmul                   1   (the three weight matrices fused)
+    rotary embedding of q and k together       3   (x * cos + roll(x) * signed sin, tables indexed by position)
+    keys and values written into the cache     2   (``index_copy_`` at the call's slots)
+    attention over the cache                   1-2 (SDPA with an additive mask gathered once a call)
+    output projection, residual add            2
+    rms_norm, gate and up in one matmul        2
+    SiLU, times up, down projection, add       4
+
+plus a handful a call: the embedding, the positions, the mask and rotary rows, the final norm and the LM
+head. The weights are not copied: q, k and v (and gate and up) are concatenated once into one matrix, and
+the model's own parameters are re-pointed at slices of it, so the Hugging Face model and this decoder read
+the same memory (and a later in-place change to either shows in both).
+
+It serves the families whose layers are Llama's: Llama (with llama3 rotary scaling), Mistral, Qwen2
+(biases on q, k and v) and Qwen3 (RMSNorm on each head of q and k), sliding windows included (the mask
+applies them). `serves` says why another model keeps Hugging Face's forward; float32 logits agree with it
+to about 1e-5 (tested on every served family).
+
+Its cache is `specbook.cache.SlotCache`: one buffer of keys and values for all layers and one length on
+the device. A call on n tokens writes them at slots length..length + n - 1; a token tree may give its
+own positions and mask (`specbook.trees`), for rows that are slots but not positions.
+"""
+
+import weakref
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .cache import SlotCache, attention_windows, new_cache
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+CLASSES = {f"{name}{kind}" for name in ("Llama", "Mistral", "Qwen2", "Qwen3")
+           for kind in ("ForCausalLM", "DecoderLayer")}  # exactly these: a subclass may compute more
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # tables that depend on the position only
+
+
+def _rope_type(config) -> str:
+    parameters = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return parameters.get("rope_type", parameters.get("type", "default"))
+
+
+def serves(model) -> str | None:
+    """None where `Decoder` reproduces ``model``'s forward, else why it does not (Hugging Face's runs then)."""
+    if type(model).__name__ not in CLASSES:
+        return f"{type(model).__name__} (served: the causal LMs of {', '.join(FAMILIES)})"
+    config = model.config
+    layers = {type(layer).__name__ for layer in model.model.layers}
+    if not layers <= CLASSES:
+        return f"layers of another kind ({', '.join(sorted(layers - CLASSES))})"
+    attention = model.model.layers[0].self_attn
+    if len({module.bias is None for module in (attention.q_proj, attention.k_proj, attention.v_proj)}) > 1:
+        return "biases on some of q, k and v only"
+    if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "mlp_bias", False):
+        return "an MLP other than SiLU-gated without biases"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp > 1"
+    if _rope_type(config) not in ROPE_TYPES:
+        return f"{_rope_type(config)!r} rotary scaling, which depends on the sequence's length"
+    if model.training:
+        return "a model in training mode"
+    hooked = [name or "the model" for name, module in model.named_modules() for hook in (
+        *module._forward_pre_hooks.values(), *module._forward_hooks.values())
+        if getattr(hook, "__name__", None) != "output_capturing_hook"]  # transformers' own, idle unless asked
+    if hooked:
+        return f"forward hooks on {hooked[0]}, which this forward would not call"
+    if any(type(module) is not torch.nn.Linear for layer in model.model.layers for module in (
+            layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+            layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)):
+        return "linear layers replaced by another kind (quantized, adapters)"
+    return None
+
+
+def _joined(tensors) -> torch.Tensor | None:
+    """``tensors`` as one tensor along their first dimension, without a copy, where they already lie one after
+    the other in one storage (fused earlier); else None."""
+    first = tensors[0]
+    offset = first.storage_offset()
+    for tensor in tensors:
+        if (not tensor.is_contiguous() or tensor.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or tensor.storage_offset() != offset):
+            return None
+        offset += tensor.numel()
+    rows = sum(tensor.shape[0] for tensor in tensors)
+    return first.as_strided((rows,) + first.shape[1:], first.stride())
+
+
+def _fuse(modules) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weights (and biases, if they have them) of ``modules`` (linear layers reading the same input)
+    concatenated along their outputs, each module's parameters re-pointed at its slice: one matrix, no second
+    copy. Modules fused before give their matrix back as it is."""
+    fused = []
+    with torch.inference_mode(False), torch.no_grad():
+        for parameters in ([module.weight for module in modules], [module.bias for module in modules]):
+            if parameters[0] is None:  # no biases (`serves` declines layers where only some have one)
+                fused.append(None)
+                continue
+            joined = _joined([parameter.data for parameter in parameters])
+            if joined is None:
+                joined = torch.cat([parameter.data for parameter in parameters])  # (sum of outputs, ...)
+                start = 0
+                for parameter in parameters:
+                    parameter.data = joined[start:start + len(parameter)]
+                    start += len(parameter)
+            fused.append(joined)
+    return tuple(fused)
+
+
+class Decoder:
+    """``model``'s forward (a served Llama-family causal LM) over a `SlotCache`, from the model's own weights.
+
+    Called like the model: ``decoder(input_ids, past_key_values=cache, logits_to_keep=n,
+    output_hidden_states=True)`` returns ``logits`` (1, keep, vocab) and, when asked, ``hidden_states`` whose
+    last entry is the features (1, n, hidden): the final norm's output, the input of the LM head. A tree's
+    call also passes ``position_ids`` (1, n) and ``attention_mask`` (1, 1, n, length + n), float, as for
+    Hugging Face's model (`specbook.trees.tree_model_inputs`).
+    """
+
+    def __init__(self, model):
+        reason = serves(model)
+        if reason is not None:
+            raise ValueError(f"Decoder cannot run {type(model).__name__}: {reason}")
+        self.model, config = model, model.config
+        self.config, self.device, self.dtype = config, model.device, model.dtype
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = config.rms_norm_eps
+        self.windows = attention_windows(config)
+        self.layers = []
+        for layer in model.model.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            qkv, qkv_bias = _fuse([attention.q_proj, attention.k_proj, attention.v_proj])
+            gate_up, _ = _fuse([mlp.gate_proj, mlp.up_proj])
+            norms = [getattr(attention, name, None) for name in ("q_norm", "k_norm")]
+            self.layers.append(SimpleNamespace(
+                input_norm=layer.input_layernorm.weight, qkv=qkv, qkv_bias=qkv_bias,
+                head_norms=[norm.weight for norm in norms] if norms[0] is not None else None,
+                o=attention.o_proj.weight, o_bias=attention.o_proj.bias,
+                post_norm=layer.post_attention_layernorm.weight, gate_up=gate_up, down=mlp.down_proj.weight))
+        self.embedding = model.model.embed_tokens.weight
+        self.norm, self.head = model.model.norm.weight, model.lm_head.weight
+        self.pointers = self._pointers()
+        self.rotary = self.embedding.new_zeros(0, 2, self.head_dim)
+
+    def _tables(self, length: int) -> None:
+        """The rotary table (positions, 2, head_dim) of cos and sin for the first ``length`` positions (at least),
+        from the model's own rotary embedding: x * cos + roll(x, half) * sin is Hugging Face's x * cos +
+        rotate_half(x) * sin, with rotate_half's sign folded into the sin table."""
+        if self.rotary.shape[0] >= length:
+            return
+        length = min(max(length, 2 * self.rotary.shape[0]), self.config.max_position_embeddings)
+        positions = torch.arange(length, device=self.device)[None]
+        cos, sin = self.model.model.rotary_emb(self.embedding[:1], positions)  # (1, length, head_dim)
+        half = self.head_dim // 2
+        self.rotary = torch.stack([cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)], 1)
+
+    def _pointers(self) -> list[int]:
+        """Where the model's parameters live: a change (the model moved, or reloaded) makes this decoder stale."""
+        layer = self.model.model.layers[0]
+        return [self.model.model.embed_tokens.weight.data_ptr(), layer.self_attn.q_proj.weight.data_ptr(),
+                layer.mlp.gate_proj.weight.data_ptr(), self.model.lm_head.weight.data_ptr()]
+
+    def current(self) -> bool:
+        """Whether this decoder still reads the model's weights (not after ``model.to(...)`` or a reload)."""
+        return self.model.device == self.device and self.model.dtype == self.dtype and self._pointers() == self.pointers
+
+    def new_cache(self, max_length: int, static: bool = False) -> SlotCache:
+        """An empty cache with room for ``max_length`` tokens (fixed: ``static``, for a replayed graph)."""
+        self._tables(max_length)
+        return SlotCache(len(self.layers), self.kv_heads, self.head_dim, max_length, self.windows,
+                         self.dtype, self.device, static)
+
+    def _rms_norm(self, x, weight):
+        return F.rms_norm(x, weight.shape, weight, self.eps)
+
+    def _rotate(self, x, cos, sin):  # x (n, heads, head_dim); cos, sin (n, 1, head_dim)
+        return torch.addcmul(x * cos, x.roll(self.head_dim // 2, -1), sin)
+
+    def _attend(self, layer, x, cache, index, slots, cos, sin, mask):
+        """One layer's attention on ``x`` (n, hidden): its keys and values written at ``slots`` (n,), its
+        queries attending to the cache's first ``mask.shape[-1]`` slots under ``mask`` (G * n, span)."""
+        n, heads, kv_heads, head_dim = x.shape[0], self.heads, self.kv_heads, self.head_dim
+        qkv = F.linear(self._rms_norm(x, layer.input_norm), layer.qkv, layer.qkv_bias)  # (n, (H + 2 KV) * d)
+        qkv = qkv.view(n, heads + 2 * kv_heads, head_dim)
+        if layer.head_norms is not None:  # Qwen3: RMSNorm over each head of q and of k
+            q = self._rms_norm(qkv[:, :heads], layer.head_norms[0])
+            k = self._rms_norm(qkv[:, heads:heads + kv_heads], layer.head_norms[1])
+            qk = self._rotate(torch.cat([q, k], 1), cos, sin)
+        else:
+            qk = self._rotate(qkv[:, :heads + kv_heads], cos, sin)  # (n, H + KV, d)
+        keys, values = cache.keys[index], cache.values[index]  # (KV, max_length, d)
+        keys.index_copy_(1, slots, qk[:, heads:].transpose(0, 1))
+        values.index_copy_(1, slots, qkv[:, heads + kv_heads:].transpose(0, 1))
+        span = mask.shape[-1]
+        groups = heads // kv_heads  # grouped-query attention: a group's query heads are rows of one KV head
+        q = qk[:, :heads].transpose(0, 1).reshape(1, kv_heads, groups * n, head_dim)  # (1, KV, G * n, d)
+        out = F.scaled_dot_product_attention(q, keys[None, :, :span], values[None, :, :span],
+                                             attn_mask=mask[None, None])  # (1, KV, G * n, d)
+        out = out.view(heads, n, head_dim).transpose(0, 1).reshape(n, heads * head_dim)
+        return F.linear(out, layer.o, layer.o_bias)  # (n, hidden)
+
+    def __call__(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0,
+                 output_hidden_states=False, position_ids=None, attention_mask=None, **unused):
+        cache = past_key_values
+        if not isinstance(cache, SlotCache):
+            raise ValueError(f"Decoder runs over a SlotCache (decoder.new_cache(length); got {type(cache).__name__})")
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"Decoder decodes one sequence (input_ids (1, n); got {tuple(input_ids.shape)})")
+        n = input_ids.shape[1]
+        slots = cache.claim(n)  # (n,)
+        self._tables(cache.max_length)  # a cache that grew
+        if position_ids is None:
+            positions, masks = slots, cache.causal_masks(slots)  # (n,); per window: (n, length)
+        else:
+            positions, masks = position_ids[0], cache.given_masks(attention_mask, n)
+        groups = self.heads // self.kv_heads
+        if groups > 1:  # a mask row per query row: G groups of n
+            masks = {window: mask.repeat(groups, 1) for window, mask in masks.items()}  # (G * n, length)
+        rotary = self.rotary[positions]  # (n, 2, d)
+        cos, sin = rotary[:, :1], rotary[:, 1:]  # (n, 1, d) each
+        x = F.embedding(input_ids[0], self.embedding)  # (n, hidden)
+        for index, (layer, window) in enumerate(zip(self.layers, self.windows)):
+            x = x + self._attend(layer, x, cache, index, slots, cos, sin, masks[window])
+            gate, up = F.linear(self._rms_norm(x, layer.post_norm), layer.gate_up).chunk(2, -1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        features = self._rms_norm(x, self.norm)  # (n, hidden)
+        kept = features[-logits_to_keep:] if isinstance(logits_to_keep, int) else features[logits_to_keep]
+        logits = F.linear(kept, self.head)  # (keep, vocab)
+        return CausalLMOutputWithPast(logits=logits[None], past_key_values=cache,
+                                      hidden_states=(features[None],) if output_hidden_states else None)
+
+
+_DECODERS = weakref.WeakKeyDictionary()  # model -> its Decoder
+ENABLED = True  # False: every model keeps Hugging Face's forward (to compare the two)
+
+
+def decoder_for(model) -> Decoder | None:
+    """``model``'s `Decoder` (made once, remade if the model moved), or None where it keeps Hugging Face's
+    forward: a model or configuration `serves` declines, or ``ENABLED`` off."""
+    if not ENABLED or serves(model) is not None:
+        return None
+    decoder = _DECODERS.get(model)
+    if decoder is None or not decoder.current():
+        decoder = _DECODERS[model] = Decoder(model)
+    return decoder
+
+
+def cache_and_forward(model, max_length: int, static: bool = False):
+    """A new KV cache for ``model`` with room for ``max_length`` tokens, and what to call the model with over
+    it: its `Decoder` and a `SlotCache` where it has one, else the model itself and a transformers cache
+    (``static``: a `StaticCache` of that length; else a `DynamicCache`, which needs no length)."""
+    decoder = decoder_for(model)
+    if decoder is None:
+        return new_cache(model, max_length if static else None), model
+    return decoder.new_cache(max_length, static), decoder
+
+
+def forward_over(model, cache):
+    """What runs ``model`` over ``cache``: its `Decoder` for a `SlotCache`, else the model."""
+    return decoder_for(model) if isinstance(cache, SlotCache) else model
