@@ -19,10 +19,12 @@ def main():
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--ks", default="3,4,5,6")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
+                        help="load_pair's pack (default: its own choice)")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
-    pair = load_pair("shakespeare")
-    print(machine(), "| torch", torch.__version__, "| threads", torch.get_num_threads(), "|", repr(pair.target)[:0])
+    pair = load_pair("shakespeare", pack=args.pack)
+    print(machine(), "| torch", torch.__version__, "| threads", torch.get_num_threads())
     prompts = [pair.encode(text) for text in OPEN_ENDED]
     greedy = Sampler(temperature=0)
     runs = {"AR": lambda p: autoregressive_generate(pair.target, p, args.tokens, sampler=greedy)}

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from specbook import Sampler, autoregressive_generate, load_pair, speculative_generate
+from specbook.decoder import forward_name
 from specbook.models import assets_dir
 from specbook.packed import is_packed
 
@@ -24,15 +25,18 @@ def test_loads_offline_quickly_in_eval_mode():
     assert pair.name == "shakespeare"
 
 
-def test_the_cpu_target_is_packed_by_default_and_decodes_as_before(pair):
-    """load_pair packs a CPU target (the fast path of the README's calls); pack=False keeps Hugging Face's layers,
-    and greedy decoding on either gives the target's tokens (logits agree to float32 rounding)."""
-    plain = load_pair("shakespeare", pack=False)
-    assert is_packed(pair.target) and not is_packed(pair.draft) and not is_packed(plain.target)
+def test_the_built_in_target_runs_on_the_decoder_and_packing_is_opt_in(pair):
+    """load_pair leaves the built-in target unpacked, for `specbook.decoder` to run (the fast path of the README's
+    calls); pack=True packs it, which keeps Hugging Face's forward, and greedy decoding on either gives the
+    target's tokens (logits agree to float32 rounding). A target the decoder does not serve is packed."""
+    packed = load_pair("shakespeare", pack=True)
+    assert not is_packed(pair.target) and not is_packed(pair.draft) and is_packed(packed.target)
+    assert forward_name(pair.target) == "specbook.decoder" and "PackedLinear" in forward_name(packed.target)
     prompt = pair.encode("ROMEO:\n")
-    reference = autoregressive_generate(plain.target, prompt, 24, Sampler(0)).token_ids
+    reference = autoregressive_generate(packed.target, prompt, 24, Sampler(0)).token_ids
     assert autoregressive_generate(pair.target, prompt, 24, Sampler(0)).token_ids == reference
     assert speculative_generate(pair.target, pair.draft, prompt, 24, k=4, sampler=Sampler(0)).token_ids == reference
+    assert speculative_generate(packed.target, packed.draft, prompt, 24, k=4, sampler=Sampler(0)).token_ids == reference
     with pytest.raises(ValueError, match="pack_linears needs a model on the CPU in float32 or bfloat16"):
         load_pair("shakespeare", dtype=torch.float16, pack=True)
 

@@ -155,7 +155,8 @@ class SlotCache:
             visible = keys <= slots[:, None]  # (n, span)
             if window is not None:
                 visible &= keys > slots[:, None] - window
-            masks[window] = torch.where(visible, 0.0, torch.finfo(self.keys.dtype).min).to(self.keys.dtype)
+            hidden = max(torch.finfo(self.keys.dtype).min, torch.finfo(torch.float32).min)  # where's scalars: float32
+            masks[window] = torch.where(visible, 0.0, hidden).to(self.keys.dtype)
         return masks
 
     def given_masks(self, attention_mask, n: int) -> dict:

@@ -23,13 +23,13 @@ import sys
 import torch
 
 from .bench import CATEGORIES
-from .cli_bench import run_batch, run_costs, run_family, run_gpu, run_profile, run_seq2seq, run_table
+from .cli_bench import (run_batch, run_costs, run_family, run_gpu, run_profile, run_seq2seq, run_table,
+                        target_path)
 from .costs import CPU_SCALE, PAIRS
 from .decoding import autoregressive_generate, speculative_generate
 from .drafters import ModelDrafter
 from .heads import WITH_HEADS
 from .models import load_pair
-from .packed import is_packed
 from .sampling import Sampler
 from .viz import render_trace
 
@@ -67,10 +67,10 @@ def _add_sampling_options(parser):
 
 
 def _load(args):
-    """The pair the options name; ``--no-pack`` (bench) keeps a CPU target unpacked (`load_pair` packs it)."""
+    """The pair the options name; bench's ``--pack`` or ``--no-pack`` overrules `load_pair`'s choice."""
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    pack = None if getattr(args, "pack", True) else False
-    return load_pair(args.pair, target=args.target, draft=args.draft, device=args.device, dtype=dtype, pack=pack)
+    return load_pair(args.pair, target=args.target, draft=args.draft, device=args.device, dtype=dtype,
+                     pack=getattr(args, "pack", None))
 
 
 def _generate(pair, prompt, method, k, sampler, max_new_tokens, seed):
@@ -116,9 +116,8 @@ def bench(args):
                          f"a Hugging Face pair); {pair.name} is decoder-only")
     if args.suite == "gpu":
         return run_gpu(pair, args)
-    packed = is_packed(pair.target)  # by load_pair: the target only, for every method alike (specbook.packed)
     runs = {"profile": run_profile, "family": run_family, "seq2seq": run_seq2seq, "batch": run_batch}
-    runs.get(args.suite, run_table)(pair, args, packed)
+    runs.get(args.suite, run_table)(pair, args, target_path(pair.target))
 
 
 CHAT_HELP = """Commands:
@@ -235,9 +234,10 @@ def main(argv=None):
                      help="include Hugging Face assisted generation (default: yes)")
     ben.add_argument("--out", help="write the table as CSV")
     ben.add_argument("--json", help="--suite gpu, family, seq2seq and batch: write the results file (JSON) here")
-    ben.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
-                     help="pack the target's linear layers once for oneDNN, for every method alike, where the "
-                          "target is on the CPU (load_pair's default, specbook.packed; --no-pack to compare)")
+    ben.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
+                     help="pack a CPU target's linear layers once for oneDNN, for every method alike "
+                          "(specbook.packed; a packed target keeps Hugging Face's forward); default: load_pair's "
+                          "choice, which packs only a target that keeps Hugging Face's forward anyway")
     ben.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                      help="--suite gpu: Inductor's fused kernels inside the GPU path's CUDA graphs (a compilation "
                           "per input length on first use; default: no, the models' own kernels, captured in a "

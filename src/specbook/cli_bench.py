@@ -13,14 +13,26 @@ from .batch_bench import batch_suite, report
 from .bench import CATEGORIES, PROMPT_SETS, machine, run_benchmark
 from .costs import CPU_SCALE, cost_probe
 from .costs import report as costs_report
+from .decoder import forward_name
 from .gpu import gpu_benchmark, or_none, write_results
 from .heads import EagleHead, ExitHead, MedusaHeads
 from .models import assets_dir, load_model
+from .packed import is_packed
 from .mtp import load_mtp
 from .profile import copy_bandwidth, step_profile
 from .sampling import Sampler
 from .spread import show_spreads, spread_of, tie_text
 from .suites import ablation, comparison, encoder_decoder, family, heads_and_trees, multi_token
+
+
+def target_path(target) -> dict:
+    """How the target runs, for tables and results files: its forward, and whether its linear layers are packed."""
+    return {"packed_target": is_packed(target), "target_forward": forward_name(target)}
+
+
+def in_words(path: dict) -> str:
+    packed = "packed once (specbook.packed)" if path["packed_target"] else "as loaded"
+    return f"the target's forward {path['target_forward']}, its linear layers {packed}"
 
 
 def _built_in_heads(pair, kinds=("medusa", "eagle")):
@@ -32,7 +44,7 @@ def _built_in_heads(pair, kinds=("medusa", "eagle")):
         raise ValueError(str(error)) from error
 
 
-def run_table(pair, args, packed):
+def run_table(pair, args, path):
     """A chapter's table (--suite comparison, ablation or heads) on each prompt set: printed with the spread of its
     rounds, and written as CSV with --out."""
     import pandas as pd
@@ -49,12 +61,11 @@ def run_table(pair, args, packed):
         prompts = [pair.encode(text) for text in PROMPT_SETS[name]]
         frame = pd.DataFrame(run_benchmark(methods, prompts, args.repeats, args.seed))
         frames.append(frame.assign(prompts=name))
-    table = pd.concat(frames, ignore_index=True).drop(columns="round_seconds").assign(machine=machine(),
-                                                                                     packed_target=packed)
-    shown = show_spreads(table.drop(columns=["machine", "packed_target"]), ["seconds"], unit=" s", digits=3)
+    table = pd.concat(frames, ignore_index=True).drop(columns="round_seconds").assign(machine=machine(), **path)
+    shown = show_spreads(table.drop(columns=["machine", *path]), ["seconds"], unit=" s", digits=3)
     print(show_spreads(shown, ["speedup"]).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print("seconds and speedup: the median round (the lowest and highest round's)")
-    print(f"{machine()}; the target's linear layers {'packed once (specbook.packed)' if packed else 'as loaded'}")
+    print(f"{machine()}; {in_words(path)}")
     print(f"bandwidth_gb_s: the target's weights read per second if every token read them once; this machine's "
           f"copy bandwidth is {copy_bandwidth(pair.target.device):.1f} GB/s")
     if args.out:
@@ -62,13 +73,13 @@ def run_table(pair, args, packed):
         print(f"written to {args.out}", file=sys.stderr)
 
 
-def run_batch(pair, args, packed):
+def run_batch(pair, args, path):
     """Batched decoding at each --batch-sizes (`specbook.batch_bench.batch_suite`), written as JSON with --json."""
     sampler = Sampler(args.temperature, args.top_k, args.top_p)
     results = batch_suite(pair, args.batch_sizes, args.ks, args.max_new_tokens, args.repeats, sampler, args.seed)
     print(report(results))
     if args.json:
-        write_results({**results, "packed_target": packed}, args.json)
+        write_results({**results, **path}, args.json)
 
 
 def run_costs(args):
@@ -109,7 +120,7 @@ def run_gpu(pair, args):
         print(f"written to {args.json}", file=sys.stderr)
 
 
-def run_family(pair, args, packed):
+def run_family(pair, args, path):
     """Every method on every kind of text (`specbook.suites.family`, with the built-in GliDe draft and its control),
     greedy and sampled (at --temperature, 1 if it is 0), and multi-token prediction against the MTP model's own
     autoregressive decoding (`specbook.suites.multi_token`); one row per method, category and sampling, written as
@@ -140,17 +151,17 @@ def run_family(pair, args, packed):
     table = pd.DataFrame(rows)
     print(table.pivot_table(index="method", columns=["sampling", "category"], values="speedup_vs_ar", sort=False)
           .to_string(float_format=lambda x: f"{x:.2f}"))
-    print(f"speedup over autoregressive decoding, {machine()}, the target's linear layers "
-          f"{'packed' if packed else 'as loaded'}, {args.max_new_tokens} new tokens, {args.repeats} repeats")
+    print(f"speedup over autoregressive decoding, {machine()}, {in_words(path)}, "
+          f"{args.max_new_tokens} new tokens, {args.repeats} repeats")
     if args.json:
-        results = {"machine": machine(), "packed_target": packed, "max_new_tokens": args.max_new_tokens,
+        results = {"machine": machine(), **path, "max_new_tokens": args.max_new_tokens,
                    "repeats": args.repeats, "sampled_temperature": samplings["sampled"].temperature,
                    "rows": [{key: or_none(value) for key, value in row.items()} for row in rows]}
         write_results(results, args.json)
         print(f"written to {args.json}", file=sys.stderr)
 
 
-def run_seq2seq(pair, args, packed):
+def run_seq2seq(pair, args, path):
     """An encoder-decoder pair (`specbook.suites.encoder_decoder`) on held-out passages to restore, greedy and
     sampled (at --temperature, 1 if it is 0), every method stopping at the end of the text; one row per method
     and sampling, written as JSON. As in the family suite, a greedy row that differs from autoregressive
@@ -178,16 +189,16 @@ def run_seq2seq(pair, args, packed):
                                                                  "tokens")}})
     table = pd.DataFrame(rows)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    print(f"{pair.name}, {len(prompts)} held-out passages, {machine()}, the target's linear layers "
-          f"{'packed' if packed else 'as loaded'}, {args.repeats} repeats")
+    print(f"{pair.name}, {len(prompts)} held-out passages, {machine()}, {in_words(path)}, "
+          f"{args.repeats} repeats")
     if args.json:
-        write_results({"machine": machine(), "pair": pair.name, "packed_target": packed, "passages": len(prompts),
+        write_results({"machine": machine(), "pair": pair.name, **path, "passages": len(prompts),
                        "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
                        "rows": [{key: or_none(value) for key, value in row.items()} for row in rows]}, args.json)
         print(f"written to {args.json}", file=sys.stderr)
 
 
-def run_profile(pair, args, packed):
+def run_profile(pair, args, path):
     """Milliseconds per speculative step, split into parts (`specbook.profile.step_profile`), one row per K."""
     import pandas as pd
 
@@ -197,5 +208,5 @@ def run_profile(pair, args, packed):
     for k in args.ks:
         profile = step_profile(pair.target, pair.draft, prompts, k, args.max_new_tokens, sampler, args.seed)
         rows.append({"k": k, **profile["ms_per_step"], "tokens_per_step": profile["tokens_per_step"]})
-    print(f"milliseconds per step on {machine()}, the target's linear layers {'packed' if packed else 'as loaded'}")
+    print(f"milliseconds per step on {machine()}, {in_words(path)}")
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))

@@ -75,10 +75,11 @@ def serves(model) -> str | None:
         if getattr(hook, "__name__", None) != "output_capturing_hook"]  # transformers' own, idle unless asked
     if hooked:
         return f"forward hooks on {hooked[0]}, which this forward would not call"
-    if any(type(module) is not torch.nn.Linear for layer in model.model.layers for module in (
-            layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
-            layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)):
-        return "linear layers replaced by another kind (quantized, adapters)"
+    others = {type(module).__name__ for layer in model.model.layers for module in (
+        layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+        layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj) if type(module) is not torch.nn.Linear}
+    if others:
+        return f"linear layers of another kind ({', '.join(sorted(others))}: packed, quantized, adapters)"
     return None
 
 
@@ -269,3 +270,9 @@ def cache_and_forward(model, max_length: int, static: bool = False):
 def forward_over(model, cache):
     """What runs ``model`` over ``cache``: its `Decoder` for a `SlotCache`, else the model."""
     return decoder_for(model) if isinstance(cache, SlotCache) else model
+
+
+def forward_name(model) -> str:
+    """Which forward the engine runs ``model`` with, in words (for benchmark tables and results files)."""
+    reason = serves(model) if ENABLED else "specbook.decoder.ENABLED is off"
+    return "specbook.decoder" if reason is None else f"Hugging Face's ({reason})"

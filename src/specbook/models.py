@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from .cache import attention_windows
+from .decoder import serves
 from .packed import can_pack, pack_linears
 
 BUILT_IN = ("shakespeare", "shakespeare-seq2seq")
@@ -197,13 +198,15 @@ def load_pair(name: str | None = None, *, target: str | None = None, draft: str 
     ``dtype`` to `default_dtype` of the device (float32 on the CPU; on a GPU bfloat16 where it is
     native, else float16).
 
-    ``pack``: on the CPU the target's linear layers are packed once for oneDNN (`specbook.packed`), so that
-    verifying K + 1 positions costs about what one does, while a call on one position still goes to the
-    BLAS, faster there; by default wherever that applies (the CPU, float32 or bfloat16), at the price of a
-    second copy of the target's linear weights in memory. ``pack=False``
-    keeps the model as Hugging Face loads it (to train it, or to compare). The draft stays as it is: its
-    weights stay in the CPU's cache between its calls. On a GPU the engine's static caches and CUDA
-    graphs are the fast path (`specbook.decoding`), and nothing is packed.
+    The engine runs a model of the Llama family (Llama, Mistral, Qwen2, Qwen3) with its own forward,
+    `specbook.decoder.Decoder`, wherever that reproduces Hugging Face's; other models keep Hugging Face's.
+    ``pack``: the target's linear layers packed once for oneDNN (`specbook.packed`), for a faster
+    verification call with Hugging Face's forward on some CPUs, at the price of a second copy of its
+    linear weights; a packed target keeps Hugging Face's forward. By default a CPU target is packed only
+    where it keeps Hugging Face's forward anyway: the decoder's few calls to the BLAS made packing moot
+    on the machine the book measures (chapter 4, §4.9). ``pack=True`` packs it anyway (to compare);
+    ``pack=False`` never. The draft stays as it is. On a GPU the engine's static caches and CUDA graphs
+    are the fast path (`specbook.decoding`), and nothing is packed.
     """
     from transformers import AutoTokenizer
 
@@ -234,7 +237,7 @@ def load_pair(name: str | None = None, *, target: str | None = None, draft: str 
             raise ValueError(f"target and draft must share a tokenizer: {target} and {draft} have different vocabularies")
     target_model, draft_model = (model.to(device).eval() for model in models)
     if pack is None:
-        pack = can_pack(target_model)
+        pack = can_pack(target_model) and serves(target_model) is not None
     if pack:
         pack_linears(target_model)
     return ModelPair(target_model, draft_model, tokenizer, name)

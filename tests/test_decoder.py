@@ -1,0 +1,182 @@
+"""specbook.decoder: the same logits as Hugging Face's forward on every family it serves, Hugging Face's forward
+kept for every other model, no second copy of the weights, and the kernel budgets of a decode call."""
+
+import pytest
+import torch
+import transformers
+
+from families import FAMILIES, tiny_family_model
+from specbook import Sampler, autoregressive_generate, graphs, load_pair, speculative_generate
+from specbook.cache import SlotCache, new_cache, rollback
+from specbook.decoder import FAMILIES as SERVED
+from specbook.decoder import Decoder, decoder_for, forward_name, serves
+from specbook.kernels import count_kernels
+from specbook.packed import pack_linears
+from specbook.trees import tree_forward
+from support import cached_layers
+
+CLOSE = dict(atol=1e-5, rtol=1e-5)  # float32 rounding: the matmuls are fused, the norms and rotations reordered
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair("shakespeare")
+
+
+def _served():
+    return [(family, lambda family=family: tiny_family_model(family)) for family in SERVED]
+
+
+def _run_both(model, decoder, calls, ids, slots=64):
+    """Feed ``ids`` (1, T) in the chunks ``calls`` to Hugging Face's forward and to ``decoder``, rolling back where a
+    chunk is negative; yield both outputs of every call."""
+    reference, cache = new_cache(model), decoder.new_cache(slots)
+    at = 0
+    for size in calls:
+        if size < 0:
+            rollback(reference, -size)
+            rollback(cache, -size)
+            at += size
+            continue
+        chunk = ids[:, at:at + size]
+        at += size
+        yield (model(chunk, past_key_values=reference, use_cache=True, output_hidden_states=True),
+               decoder(chunk, past_key_values=cache, output_hidden_states=True))
+
+
+@pytest.mark.parametrize("family, make", _served() + [("built-in target", lambda: load_pair("shakespeare").target)])
+def test_logits_and_features_are_hugging_faces(family, make):
+    """A prompt, single tokens, a call on six, a rollback and the same positions again (sliding windows of 8 in
+    Mistral and Qwen2 are crossed): logits and features (the input of the LM head) agree to float32 rounding."""
+    model = make()
+    ids = torch.randint(0, 90, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        for expected, got in _run_both(model, decoder_for(model), [12, 1, 1, 6, -4, 4, 1, 10], ids):
+            torch.testing.assert_close(got.logits, expected.logits, **CLOSE)
+            torch.testing.assert_close(got.hidden_states[-1], expected.hidden_states[-1], **CLOSE)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_trees_call_and_its_compaction_are_hugging_faces(family):
+    """A token tree fed with its mask and positions (`specbook.trees.tree_forward`) gives Hugging Face's logits, and
+    keeping the accepted path leaves the cache Hugging Face's keeps."""
+    from specbook.cache import keep_positions
+
+    model = tiny_family_model(family)
+    decoder = decoder_for(model)
+    ids = torch.randint(0, 90, (1, 14), generator=torch.Generator().manual_seed(1))
+    tree, parents = torch.tensor([5, 9, 7, 3, 2]), [-1, -1, 0, 0, 2]
+    with torch.inference_mode():
+        reference, cache = new_cache(model), decoder.new_cache(8)  # too small: the cache grows
+        model(ids, past_key_values=reference, use_cache=True)
+        decoder(ids, past_key_values=cache)
+        rows = torch.cat([ids[0, -1:], tree])  # a root and five nodes after the 14 cached tokens
+        expected = tree_forward(model, reference, rows, parents)
+        got = tree_forward(decoder, cache, rows, parents)
+        torch.testing.assert_close(got, expected, **CLOSE)
+        kept = list(range(14)) + [14, 15, 17, 19]  # the root, then nodes 0, 2 and 4
+        for each in (reference, cache):
+            keep_positions(each, kept)
+        for (keys, values), (expected_keys, expected_values) in zip(cached_layers(cache), cached_layers(reference)):
+            torch.testing.assert_close(keys, expected_keys, **CLOSE)
+            torch.testing.assert_close(values, expected_values, **CLOSE)
+
+
+@pytest.mark.parametrize("family", [family for family in FAMILIES if family not in SERVED])
+def test_other_families_keep_hugging_faces_forward(family):
+    model = tiny_family_model(family)
+    assert decoder_for(model) is None and forward_name(model).startswith("Hugging Face's")
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda model: model.train(), "training mode"),
+    (lambda model: model.model.layers[1].mlp.register_forward_hook(lambda *args: None), "forward hooks on model.layers.1.mlp"),
+    (lambda model: pack_linears(model), "PackedLinear"),
+    (lambda model: setattr(model.config, "rope_parameters", {"rope_type": "dynamic", "factor": 2.0,
+                                                             "rope_theta": 10000.0}), "'dynamic' rotary scaling"),
+])
+def test_what_the_decoder_would_get_wrong_keeps_hugging_faces_forward(change, reason):
+    model = tiny_family_model("llama")
+    change(model)
+    assert reason in serves(model) and decoder_for(model) is None
+    with pytest.raises(ValueError, match="Decoder cannot run LlamaForCausalLM"):
+        Decoder(model)
+
+
+def test_the_weights_are_not_copied_and_a_moved_model_gets_a_new_decoder():
+    model = tiny_family_model("qwen2")  # biases on q, k and v
+    before = sum(parameter.numel() for parameter in model.parameters())
+    decoder = decoder_for(model)
+    attention = model.model.layers[0].self_attn
+    fused = decoder.layers[0].qkv
+    for module in (attention.q_proj, attention.k_proj, attention.v_proj):
+        assert module.weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
+        assert module.bias.untyped_storage().data_ptr() == decoder.layers[0].qkv_bias.untyped_storage().data_ptr()
+    assert sum(parameter.numel() for parameter in model.parameters()) == before
+    assert Decoder(model).layers[0].qkv.data_ptr() == fused.data_ptr()  # fused once: a second decoder reads it too
+    assert decoder_for(model) is decoder
+    model.to(torch.float64)
+    moved = decoder_for(model)
+    assert moved is not decoder and moved.dtype == torch.float64
+    prompt = torch.arange(5, 20)[None]
+    assert autoregressive_generate(model, prompt, 12, Sampler(0)).token_ids == model.generate(
+        prompt, max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(prompt))[0, 15:].tolist()
+
+
+def test_a_fused_model_saves_and_loads_as_before(tmp_path):
+    model = tiny_family_model("llama")
+    decoder_for(model)
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    for (name, parameter), (_, again) in zip(model.named_parameters(), loaded.named_parameters()):
+        assert torch.equal(parameter, again), name
+
+
+def test_a_cache_must_be_the_decoders():
+    model = tiny_family_model("llama")
+    with pytest.raises(ValueError, match="Decoder runs over a SlotCache"):
+        decoder_for(model)(torch.arange(3)[None], past_key_values=new_cache(model))
+    assert isinstance(decoder_for(model).new_cache(4), SlotCache)
+
+
+# --- kernels on the GPU path's CPU stand-in, bfloat16, the built-in pair: the budgets of a decode call
+
+@pytest.fixture()
+def stand_in(monkeypatch):
+    monkeypatch.setattr(graphs, "CAPTURE_ON_CPU", True)
+    return load_pair("shakespeare", dtype=torch.bfloat16)
+
+
+def test_a_decode_call_and_a_draft_step_stay_within_their_kernels(stand_in):
+    """At most 16 kernels a layer and 10 a call (Hugging Face's forward: 44 a layer); a draft chain at most 28 a
+    drafted token."""
+    target = stand_in.target
+    runner = graphs.static_model(target, 256, "test-kernels")
+    prompt = stand_in.encode("ROMEO:\nBut soft")
+    with torch.inference_mode():
+        runner.start()
+        runner(prompt)
+        runner(prompt[:, -1:]), runner(prompt[:, -6:])  # buffers made, graphs recorded
+        layers = target.config.num_hidden_layers
+        assert count_kernels(runner, prompt[:, -1:]) <= 16 * layers + 10
+        assert count_kernels(runner, prompt[:, -6:]) <= 16 * layers + 10
+        draft = graphs.static_model(stand_in.draft, 256, "test-kernels")
+        draft.start()
+        draft(prompt)
+        draft.chain(prompt[0, -2:], 5, Sampler(0), 2048)
+        drafts = count_kernels(draft.chain, prompt[0, -2:], 5, Sampler(0), 2048)
+        assert drafts <= 28 * 5
+
+
+def test_decoding_stays_within_its_kernels(stand_in):
+    """Autoregressive decoding at most 230 kernels a token; speculative decoding at K = 5 at most 370 a step
+    (verification, chain and the engine's own work), greedy, with the prompt's call counted in."""
+    target, draft, prompt = stand_in.target, stand_in.draft, stand_in.encode("ROMEO:\n")
+    for _ in range(2):  # the second generation replays the prompt's graph
+        autoregressive_generate(target, prompt, 64, Sampler(0), cache="static")
+        speculative_generate(target, draft, prompt, 64, k=5, sampler=Sampler(0), cache="static")
+    assert count_kernels(autoregressive_generate, target, prompt, 64, Sampler(0), cache="static") <= 230 * 64
+    generations = []
+    kernels = count_kernels(lambda: generations.append(
+        speculative_generate(target, draft, prompt, 64, k=5, sampler=Sampler(0), cache="static")))
+    assert kernels <= 370 * len(generations[0].steps)
