@@ -1,7 +1,9 @@
-"""The GPU path with and without the two costs it cut last: the prompt's call replayed as a padded graph
-(`specbook.graphs.PROMPT_BUCKETS`) and the next chain drafted before the host reads a step's outcome
-(`specbook.drafters.ModelDrafter.draft_ahead`). One interleaved run of the built-in pair: autoregressive and
-speculative decoding under each of the four combinations, each variant's speedup from the same rounds.
+"""The GPU path with and without the three costs it cut last: the prompt's call replayed as a padded graph
+(`specbook.graphs.PROMPT_BUCKETS`), the next chain drafted before the host reads a step's outcome
+(`specbook.drafters.ModelDrafter.draft_ahead`), and Hugging Face's forward replaced by the package's decoder
+(`specbook.decoder`). One interleaved run of the built-in pair: autoregressive and speculative decoding under
+each variant, each variant's speedup from the same rounds, and every variant's times side by side (the
+fastest autoregressive row is the honest baseline).
 
     python scripts/gpu_ablation.py --device cuda --dtype bfloat16 --k 5 --repeats 3
 
@@ -18,18 +20,25 @@ import torch
 
 from specbook import Sampler, graphs, load_pair
 from specbook.bench import PROMPT_SETS, Method, autoregressive, machine, run_benchmark, speculative
+from specbook.decoder import hugging_face_forward
 from specbook.drafters import ModelDrafter
 
-VARIANTS = {"prompt graphs, drafting ahead": (True, True), "eager prompt, drafting ahead": (False, True),
-            "prompt graphs, drafting after the read": (True, False), "eager prompt, drafting after the read": (False, False)}
+VARIANTS = {  # (prompt graphs, drafting ahead, the package's decoder)
+    "decoder, prompt graphs, drafting ahead": (True, True, True),
+    "Hugging Face's forward, prompt graphs, drafting ahead": (True, True, False),
+    "decoder, eager prompt, drafting ahead": (False, True, True),
+    "decoder, prompt graphs, drafting after the read": (True, False, True),
+    "decoder, eager prompt, drafting after the read": (False, False, True)}
 
 
 def under(method: Method, variant: str) -> Method:
-    """``method`` run with the GPU path's prompt graphs and drafting ahead switched as ``variant`` says."""
-    prompt_graphs, ahead = VARIANTS[variant]
+    """``method`` run with the GPU path's prompt graphs, drafting ahead and decoder switched as ``variant`` says."""
+    prompt_graphs, ahead, decoder = VARIANTS[variant]
 
     def run(input_ids, seed):
         with ExitStack() as patches:
+            if not decoder:
+                patches.enter_context(hugging_face_forward())
             if not prompt_graphs:  # no bucket holds any prompt: its call runs eagerly
                 patches.enter_context(mock.patch.object(graphs, "PROMPT_BUCKETS", ()))
             if not ahead:

@@ -5,8 +5,10 @@
 #   bash scripts/gpu_results.sh OUT
 #
 # 1. the GPU tests (tests/test_gpu_path.py, their CUDA cases: graphs, one sync per step, chi-square on the device);
-# 2. the GPU path with and without its prompt graphs and its drafting ahead (scripts/gpu_ablation.py, in the log);
-# 3. the built-in pair's benchmark in bfloat16 (OUT/gpu-builtin-bfloat16.json: commit it as results/gpu.json);
+# 2. the GPU path with and without its prompt graphs, its drafting ahead and the package's decoder
+#    (scripts/gpu_ablation.py, in the log);
+# 3. the built-in pair's benchmark in bfloat16 (OUT/gpu-builtin-bfloat16.json: commit it as results/gpu.json), with
+#    autoregressive decoding on both forwards: its "best" names the fastest baseline (fastest_ar);
 # 4. the cost probe at full size (OUT/costs.json: Llama-3.1-8B / 3.2-1B and Qwen2.5-7B / 0.5B, random weights);
 # 5. where a speculative step's time goes on the GPU path (`bench --suite profile`, in the log);
 # 6. only when STEPS names them: the built-in pair in float16, without Hugging Face's rows
@@ -47,8 +49,8 @@ $python -c "import torch, transformers; print(torch.__version__, torch.version.c
 wanted() { [[ $steps == *" $1 "* ]]; }
 wanted tests && step tests 100 $python -m pytest tests/test_gpu_path.py -q -rs -k "not cpu" -p no:cacheprovider \
     -p no:logging
-wanted ablation && step ablation 60 $python scripts/gpu_ablation.py --device cuda --dtype bfloat16 --k 5 --repeats 3
-wanted bfloat16 && step builtin-bfloat16 220 $python -m specbook bench --suite gpu --device cuda --dtype bfloat16 \
+wanted ablation && step ablation 75 $python scripts/gpu_ablation.py --device cuda --dtype bfloat16 --k 5 --repeats 3
+wanted bfloat16 && step builtin-bfloat16 205 $python -m specbook bench --suite gpu --device cuda --dtype bfloat16 \
     --ks "$ks" --repeats "$repeats" ${HF:---hf} --json "$out/gpu-builtin-bfloat16.json"
 wanted costs && step costs 60 $python -m specbook bench --suite costs --device cuda --ks 6 --repeats 10 \
     --json "$out/costs.json"

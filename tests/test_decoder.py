@@ -180,3 +180,15 @@ def test_decoding_stays_within_its_kernels(stand_in):
     kernels = count_kernels(lambda: generations.append(
         speculative_generate(target, draft, prompt, 64, k=5, sampler=Sampler(0), cache="static")))
     assert kernels <= 370 * len(generations[0].steps)
+
+
+def test_a_model_made_under_inference_mode_still_runs_hugging_faces_forward():
+    """Its parameters are inference tensors; the fused ones must be too, or Hugging Face's forward fails on them."""
+    with torch.inference_mode():
+        model = tiny_family_model("llama")
+    prompt = torch.arange(3, 12)[None]
+    tokens = autoregressive_generate(model, prompt, 8, Sampler(0)).token_ids
+    with torch.inference_mode():
+        assert model(prompt).logits.shape == (1, 9, 96)
+    assert tokens == model.generate(prompt, max_new_tokens=8, do_sample=False,
+                                    attention_mask=torch.ones_like(prompt))[0, 9:].tolist()

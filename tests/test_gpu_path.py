@@ -221,9 +221,12 @@ def test_gpu_benchmark_writes_a_complete_results_file(models, device, tmp_path, 
     assert set(results["settings"]["warmup_seconds"]) == {"greedy", "temperature 1"}
     assert results["models"]["copy_bandwidth_gb_s"] > 0
     greedy = [row for row in results["results"] if row["sampling"] == "greedy"]
-    assert [row["method"] for row in greedy] == ["autoregressive", "autoregressive, eager", "speculative k=1",
+    assert [row["method"] for row in greedy] == ["autoregressive", "autoregressive, eager",
+                                                 "autoregressive, Hugging Face's forward", "speculative k=1",
                                                  "speculative k=3", "HF assisted (its schedule)", "HF assisted k=1",
                                                  "HF assisted k=3"]
+    assert results["models"]["target_forward"] == "specbook.decoder"  # both forwards timed: the fastest is named
+    assert results["best"]["greedy"]["fastest_ar"].startswith("autoregressive")
     assert all(row["same_tokens_as_ar"] for row in greedy)  # lossless, and Hugging Face agrees
     assert all(row["bandwidth_gb_s"] > 0 for row in greedy)
     assert all(row["speedup_vs_hf"] > 0 for row in greedy if row["method"].startswith("speculative"))

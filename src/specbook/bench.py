@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .decoder import hugging_face_forward
 from .decoding import autoregressive_generate, speculative_generate
 from .models import weight_bytes
 from .policies import check_integer
@@ -87,6 +88,15 @@ def speculative(target, drafter, k, sampler, max_new_tokens, name=None, **path):
         result = speculative_generate(target, drafter, input_ids, max_new_tokens, k, sampler, seed, **path)
         return result.token_ids, result.stats
     return Method(label, run, k if isinstance(k, int) else None, weight_bytes(target))
+
+
+def with_hugging_face_forward(method: Method) -> Method:
+    """``method`` run with Hugging Face's forward (`specbook.decoder.hugging_face_forward`): the same generation on
+    the other forward, to know which autoregressive decoding is the fastest baseline."""
+    def run(input_ids, seed):
+        with hugging_face_forward():
+            return method.run(input_ids, seed)
+    return Method(f"{method.name}, Hugging Face's forward", run, method.k, method.weight_bytes)
 
 
 def generate_options(target, sampler, max_new_tokens, eos_token_id=None) -> dict:

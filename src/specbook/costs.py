@@ -10,6 +10,8 @@ graph on a GPU (`specbook.graphs`). It returns
 
 - c = (draft step on one position) / (target call on one position);
 - v(n) = (target call on n positions) / (target call on one), n = 1 .. K + 1;
+- the kernels of each model's call on one position (`specbook.kernels.count_kernels`, with the forward
+  the engine runs: `specbook.decoder` where it serves the family);
 - the bandwidth the one-position target call reaches (its weight bytes over its time,
   `specbook.models.weight_bytes`) against the device's copy bandwidth (`specbook.profile.copy_bandwidth`);
 - the predicted speedup for each alpha in `ALPHAS` at each K, Leviathan et al. Theorem 3.8 with the
@@ -37,7 +39,9 @@ from . import graphs
 from .bench import _clock
 from .cache import rollback
 from .decoding import STATIC_BLOCK
+from .decoder import forward_name
 from .gpu import environment
+from .kernels import count_kernels
 from .models import assets_dir, default_dtype, weight_bytes
 from .profile import copy_bandwidth
 from .theory import batch_speedup, expected_tokens_per_step, speedup
@@ -184,9 +188,23 @@ def build_model(config, device="cpu", dtype=torch.float32, seed: int = 0):
     return model.eval().requires_grad_(False)
 
 
+@torch.inference_mode()
+def call_kernels(model, context: int = 16) -> int:
+    """The kernels of ``model``'s call on one position after ``context`` tokens, as the engine's GPU path makes it
+    (`specbook.graphs.StaticModel`, whose forward is the package's decoder where it serves the model)."""
+    runner = graphs.StaticModel(model, STATIC_BLOCK)
+    runner.start()
+    tokens = torch.zeros((1, context + 1), dtype=torch.long, device=model.device)
+    runner(tokens[:, :context], keep=1)
+    runner(tokens[:, context:])  # allocations and captures on first use are not the call's
+    rollback(runner.cache, 1)
+    return count_kernels(runner, tokens[:, context:])
+
+
 def _describe(name: str, model) -> dict:
     config = model.config
-    return {"name": name, "parameters": sum(p.numel() for p in model.parameters()), "weight_bytes": weight_bytes(model),
+    return {"name": name, "forward": forward_name(model), "kernels_per_call": call_kernels(model),
+            "parameters": sum(p.numel() for p in model.parameters()), "weight_bytes": weight_bytes(model),
             "layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
             "intermediate_size": config.intermediate_size, "heads": config.num_attention_heads,
             "kv_heads": config.num_key_value_heads, "head_dim": config.head_dim, "vocab_size": config.vocab_size}
@@ -352,6 +370,8 @@ def report(results: dict) -> str:
                   f"target call on one position {calls['median'][0]:.2f} ms (min {calls['min'][0]:.2f}, max "
                   f"{calls['max'][0]:.2f}); draft step {pair['draft_ms']['median']:.2f} ms (min "
                   f"{pair['draft_ms']['min']:.2f}, max {pair['draft_ms']['max']:.2f}); c = {pair['cost_ratio']:.3f}",
+                  f"kernels per call on one position: target {target['kernels_per_call']}, draft "
+                  f"{draft['kernels_per_call']} ({target['forward']})",
                   f"target weights read at {pair['bandwidth_gb_s']:.1f} GB/s, {pair['bandwidth_fraction']:.2f} of "
                   f"the copy bandwidth ({pair['copy_bandwidth_gb_s']:.1f} GB/s)",
                   "predicted speedup over autoregressive decoding (Theorem 3.8 with c and v(K+1)):",

@@ -32,6 +32,7 @@ own positions and mask (`specbook.trees`), for rows that are slots but not posit
 """
 
 import weakref
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import torch
@@ -102,7 +103,9 @@ def _fuse(modules) -> tuple[torch.Tensor, torch.Tensor | None]:
     concatenated along their outputs, each module's parameters re-pointed at its slice: one matrix, no second
     copy. Modules fused before give their matrix back as it is."""
     fused = []
-    with torch.inference_mode(False), torch.no_grad():
+    # the fused tensors are inference tensors where the model's are (a model made under inference mode), else
+    # ordinary ones, which training can still update
+    with torch.inference_mode(modules[0].weight.is_inference()), torch.no_grad():
         for parameters in ([module.weight for module in modules], [module.bias for module in modules]):
             if parameters[0] is None:  # no biases (`serves` declines layers where only some have one)
                 fused.append(None)
@@ -244,6 +247,18 @@ class Decoder:
 
 _DECODERS = weakref.WeakKeyDictionary()  # model -> its Decoder
 ENABLED = True  # False: every model keeps Hugging Face's forward (to compare the two)
+
+
+@contextmanager
+def hugging_face_forward():
+    """Within this block the engine runs every model with Hugging Face's forward, to compare the two. (A
+    `specbook.graphs.StaticModel` made before keeps the forward it was made with.)"""
+    global ENABLED
+    saved, ENABLED = ENABLED, False
+    try:
+        yield
+    finally:
+        ENABLED = saved
 
 
 def decoder_for(model) -> Decoder | None:

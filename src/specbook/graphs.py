@@ -42,7 +42,7 @@ import weakref
 import torch
 
 from .cache import SlotCache, length_pointers, rollback
-from .decoder import cache_and_forward, forward_over
+from .decoder import cache_and_forward, decoder_for, forward_over
 from .sampling import exponential_race
 
 OPTIONS = dict(fullgraph=True, dynamic=False)  # torch.compile: one graph per input shape, no fallback to Python
@@ -256,7 +256,7 @@ def prefill(model, cache, input_ids, features=False, runner=None):
     return input_ids[0, -1:], hidden
 
 
-_MODELS = weakref.WeakKeyDictionary()  # model -> {(max_length, role, compile): StaticModel}
+_MODELS = weakref.WeakKeyDictionary()  # model -> {(max_length, role, compile, decoder): StaticModel}
 
 
 def static_model(model, max_length: int, role: str = "target", compile: bool = False) -> StaticModel:
@@ -264,7 +264,7 @@ def static_model(model, max_length: int, role: str = "target", compile: bool = F
     that drafts for itself needs two caches at once), made on first use and kept with the model, so that a
     later generation replays the graphs an earlier one captured."""
     per_model = _MODELS.setdefault(model, {})
-    key = (max_length, role, compile)
+    key = (max_length, role, compile, decoder_for(model) is not None)  # `hugging_face_forward` gets its own
     if key not in per_model:
         per_model[key] = StaticModel(model, max_length, compile)
     return per_model[key]

@@ -2,10 +2,10 @@
 
 At batch one a small model's decode call on a GPU costs about its number of kernels times the cost of one
 (about 1.8 microseconds each in a replayed CUDA graph on an H100): the count, not the arithmetic, sets the
-time. `count_kernels` counts the operators a call dispatches on whatever device it runs, which are the
-kernels a CUDA graph of the call holds, up to fusion: views and allocations launch nothing and are not
-counted, and an RMSNorm written as one call (``F.rms_norm``, one fused kernel on a GPU, several operators on
-a CPU) counts once. Hugging Face's Llama writes its RMSNorm out in eight operators, which count as eight, as
+time. `count_kernels` counts the operators a call dispatches on whatever device it runs, under inference
+mode as the engine runs them, which are the kernels a CUDA graph of the call holds, up to fusion: views and
+allocations launch nothing and are not counted, and an RMSNorm written as one call (``F.rms_norm``, one fused
+kernel on a GPU, several operators on a CPU) counts once. Hugging Face's Llama writes its RMSNorm out in eight operators, which count as eight, as
 they launch on a GPU.
 """
 
@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
-               torch.ops.aten.empty_like.default, torch.ops.aten.lift_fresh.default}
+NO_KERNEL = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,  # allocations
+             torch.ops.aten.empty_like.default, torch.ops.aten.lift_fresh.default,
+             torch.ops.aten._unsafe_view.default}  # a view that autograd does not track
 FUSED = {F.rms_norm, torch.rms_norm}  # one kernel on a GPU
 
 
@@ -25,7 +26,7 @@ class _Operators(TorchDispatchMode):
         self.count, self.names, self.inside_fused = 0, {}, False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self.inside_fused and not func.is_view and func not in ALLOCATIONS:
+        if not self.inside_fused and not func.is_view and func not in NO_KERNEL:
             self.count += 1
             name = func.overloadpacket.__name__
             self.names[name] = self.names.get(name, 0) + 1
@@ -53,6 +54,6 @@ def count_kernels(function, *args, by_name: bool = False, **kwargs):
     """The kernels ``function(*args, **kwargs)`` launches (see the module docstring); with ``by_name``, also a
     dict of counts per operator. The function runs once."""
     operators = _Operators()
-    with _Fused(operators), operators:
+    with torch.inference_mode(), _Fused(operators), operators:
         function(*args, **kwargs)
     return (operators.count, operators.names) if by_name else operators.count

@@ -16,6 +16,19 @@ per layer of the built-in target (medians of 2000 calls, microseconds):
     768 -> 256                  21 / 40                   52 / 51
     256 -> 2048 (head)          60 / 60                  144 / 88
 
+On two cores of an Intel Xeon (AVX-512, no AMX), the same layers (one row, then six; microseconds):
+
+    layer (in -> out)   one row: BLAS / packed   six rows: BLAS / packed
+    256 -> 768                  12 / 29                   24 / 40
+    256 -> 256                   6 / 23                    8 / 26
+    256 -> 1536                 23 / 31                   44 / 41
+    768 -> 256                  11 / 37                   21 / 32
+    256 -> 2048 (head)          23 / 36                   49 / 45
+
+There packing slows four of the five shapes: whether it pays is a property of the CPU. So `load_pair`
+packs only a target that `specbook.decoder` does not serve (a model that keeps Hugging Face's forward);
+the decoder's gain, a few operators a layer instead of dozens, does not depend on the matrix library.
+
 So a `PackedLinear` sends one row to the BLAS and several to its packed weights: autoregressive
 decoding's calls keep the BLAS's speed, and verification gets oneDNN's, which pays on the larger
 layers and costs a little on the smallest (a finer rule would time both per shape). Packing every
@@ -28,8 +41,8 @@ rounding (1e-5 on logits of order 10), and speculative decoding on a packed targ
 autoregressive decoding on the same packed target token for token (both are tested). It pays
 where a layer's weights come from memory rather than the cache: the built-in target gains, while
 its one-layer draft, whose weights stay in the cache between its calls, is faster as it is, so
-`load_pair` packs the target only -- for every method alike, autoregressive decoding and Hugging
-Face's assisted generation included.
+`load_pair` packs the target only (where it packs at all) -- for every method alike, autoregressive
+decoding and Hugging Face's assisted generation included.
 """
 
 import torch
