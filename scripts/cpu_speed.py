@@ -21,7 +21,10 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
                         help="load_pair's pack (default: its own choice)")
+    parser.add_argument("--threads", type=int, default=None, help="torch's threads (default: its own choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     ks = [int(k) for k in args.ks.split(",")]
     pair = load_pair("shakespeare", pack=args.pack)
     print(machine(), "| torch", torch.__version__, "| threads", torch.get_num_threads())

@@ -370,8 +370,8 @@ def report(results: dict) -> str:
                   f"target call on one position {calls['median'][0]:.2f} ms (min {calls['min'][0]:.2f}, max "
                   f"{calls['max'][0]:.2f}); draft step {pair['draft_ms']['median']:.2f} ms (min "
                   f"{pair['draft_ms']['min']:.2f}, max {pair['draft_ms']['max']:.2f}); c = {pair['cost_ratio']:.3f}",
-                  f"kernels per call on one position: target {target['kernels_per_call']}, draft "
-                  f"{draft['kernels_per_call']} ({target['forward']})",
+                  *([f"kernels per call on one position: target {target['kernels_per_call']}, draft "
+                     f"{draft['kernels_per_call']} ({target['forward']})"] if "kernels_per_call" in target else []),
                   f"target weights read at {pair['bandwidth_gb_s']:.1f} GB/s, {pair['bandwidth_fraction']:.2f} of "
                   f"the copy bandwidth ({pair['copy_bandwidth_gb_s']:.1f} GB/s)",
                   "predicted speedup over autoregressive decoding (Theorem 3.8 with c and v(K+1)):",
