@@ -91,7 +91,9 @@ def test_the_family_suite_writes_one_row_per_method_category_and_sampling(tmp_pa
     out = tmp_path / "family.json"
     main(["bench", "--suite", "family", "--categories", "repetitive", "--max-new-tokens", "5", "--repeats", "1",
           "--json", str(out)])
-    rows = json.loads(out.read_text())["rows"]
+    results = json.loads(out.read_text())
+    rows = results["rows"]
+    assert results["k"] == 4 and {row["k"] for row in rows if row["method"] == "draft model, chain"} == {4}  # the book's K
     # AR and 17 methods greedy (blockwise among them), 16 sampled; the MTP model and its heads, both ways
     assert len(rows) == 18 + 17 + 2 * 2
     assert {row["method"] for row in rows if row["sampling"] == "greedy"} - \

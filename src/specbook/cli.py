@@ -227,6 +227,9 @@ def main(argv=None):
     ben.add_argument("--ks", type=lambda text: [_positive_int(k) for k in text.split(",")], default=[1, 2, 3, 4, 6],
                      help="draft lengths (default: 1,2,3,4,6; the ablation sweeps the model drafter over them "
                           "and gives the lookup drafters the largest; the heads suite uses the largest)")
+    ben.add_argument("--k", type=_positive_int, default=4,
+                     help="--suite family: the draft length of its chains (trees draft to that depth, Ouroboros K + 3; "
+                          "default 4, the K chapters 4 to 6c time)")
     ben.add_argument("--repeats", type=_positive_int, default=3)
     ben.add_argument("--passages", type=_positive_int, default=16,
                      help="--suite seq2seq: how many of the held-out passages (default: %(default)s)")

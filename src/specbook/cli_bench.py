@@ -134,7 +134,7 @@ def run_family(pair, args, path):
     samplings = {"greedy": Sampler(0), "sampled": Sampler(args.temperature or 1.0, args.top_k, args.top_p)}
     rows = []
     for sampling, sampler in samplings.items():
-        groups = [family(pair, *heads, sampler, args.max_new_tokens, max(args.ks), **glide),
+        groups = [family(pair, *heads, sampler, args.max_new_tokens, args.k, **glide),
                   multi_token(mtp_target, mtp_heads, sampler, args.max_new_tokens)]  # its own baseline
         for category, methods in ((category, methods) for category in args.categories for methods in groups):
             prompts = [pair.encode(text) for text in CATEGORIES[category]]
@@ -154,7 +154,7 @@ def run_family(pair, args, path):
     print(f"speedup over autoregressive decoding, {machine()}, {in_words(path)}, "
           f"{args.max_new_tokens} new tokens, {args.repeats} repeats")
     if args.json:
-        results = {"machine": machine(), **path, "max_new_tokens": args.max_new_tokens,
+        results = {"machine": machine(), **path, "k": args.k, "max_new_tokens": args.max_new_tokens,
                    "repeats": args.repeats, "sampled_temperature": samplings["sampled"].temperature,
                    "rows": [{key: or_none(value) for key, value in row.items()} for row in rows]}
         write_results(results, args.json)
