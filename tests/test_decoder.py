@@ -10,9 +10,10 @@ from specbook import Sampler, autoregressive_generate, graphs, load_pair, specul
 from specbook.cache import SlotCache, new_cache, rollback
 from specbook.decoder import FAMILIES as SERVED
 from specbook.decoder import Decoder, decoder_for, forward_name, serves
+from specbook.drafters import OuroborosDrafter, TopKTreeDrafter
 from specbook.kernels import count_kernels
 from specbook.packed import pack_linears
-from specbook.trees import tree_forward
+from specbook.trees import DynamicTree, tree_forward
 from support import cached_layers
 
 CLOSE = dict(atol=1e-5, rtol=1e-5)  # float32 rounding: the matmuls are fused, the norms and rotations reordered
@@ -192,3 +193,31 @@ def test_a_model_made_under_inference_mode_still_runs_hugging_faces_forward():
         assert model(prompt).logits.shape == (1, 9, 96)
     assert tokens == model.generate(prompt, max_new_tokens=8, do_sample=False,
                                     attention_mask=torch.ones_like(prompt))[0, 9:].tolist()
+
+
+# --- trees on the static cache: verified eagerly on the decoder's fixed-size cache, chains still replayed
+
+@pytest.mark.parametrize("capture", [False, True], ids=["static", "graphs stand-in"])
+@pytest.mark.parametrize("make", [
+    lambda pair: OuroborosDrafter(pair.draft, phrase_length=2),  # a tree as soon as a phrase matches
+    lambda pair: TopKTreeDrafter(pair.draft, (2, 2, 1)),
+    lambda pair: TopKTreeDrafter(pair.draft, DynamicTree(depth=3, width=2, nodes=8)),
+], ids=["ouroboros", "top-k tree", "dynamic tree"])
+def test_trees_run_on_the_static_cache(pair, make, capture, monkeypatch):
+    """A drafter that returns trees now and then runs to the end on the static cache (it raised in the middle of a
+    generation), greedy output equal to autoregressive decoding's."""
+    monkeypatch.setattr(graphs, "CAPTURE_ON_CPU", capture)
+    for text in ("ROMEO:\n", "KING HENRY:\nOnce more unto the breach"):
+        prompt = pair.encode(text)
+        reference = autoregressive_generate(pair.target, prompt, 40, Sampler(0)).token_ids
+        result = speculative_generate(pair.target, make(pair), prompt, 40, k=3, sampler=Sampler(0), cache="static")
+        assert result.token_ids == reference
+        assert any(step.tree_nodes for step in result.steps)  # trees were verified
+
+
+def test_a_tree_on_hugging_faces_static_cache_is_refused():
+    model = tiny_family_model("gemma2")  # keeps Hugging Face's forward
+    draft = tiny_family_model("gemma2", seed=1, layers=1)
+    with pytest.raises(ValueError, match="tree drafts need cache='dynamic' for a model that keeps Hugging Face's"):
+        speculative_generate(model, TopKTreeDrafter(draft, (2, 2)), torch.arange(3, 9)[None], 12, k=2,
+                             sampler=Sampler(0), cache="static")

@@ -137,10 +137,13 @@ def test_bad_options(models, device, kwargs, match):
         ModelDrafter(draft, **kwargs)
 
 
-def test_trees_need_a_dynamic_cache(models, device):
+def test_trees_run_on_the_static_cache(models, device):
+    """The decoder's static cache verifies a tree eagerly and keeps its accepted path; the chain graphs go on."""
     target, draft = models
-    with pytest.raises(ValueError, match="tree drafts need cache='dynamic'"):
-        speculative_generate(target, TopKTreeDrafter(draft), prompt_on(device), 10, k=3, cache="static")
+    reference = autoregressive_generate(target, prompt_on(device), 10, Sampler(0), cache="static").token_ids
+    result = speculative_generate(target, TopKTreeDrafter(draft), prompt_on(device), 10, k=3, sampler=Sampler(0),
+                                  cache="static")
+    assert result.token_ids == reference and any(step.tree_nodes for step in result.steps)
 
 
 def test_prompts_of_different_lengths_share_the_compiled_steps(models, device, monkeypatch):

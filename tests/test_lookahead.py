@@ -145,10 +145,11 @@ def test_bad_sizes_are_refused(options, match):
         LookaheadDrafter(**options)
 
 
-def test_a_static_cache_is_refused():
-    model = tiny_model()
-    with pytest.raises(ValueError, match="tree drafts need cache='dynamic'"):
-        speculative_generate(model, LookaheadDrafter(), torch.tensor([[1, 2, 3]]), 8, k=3, cache="static")
+def test_the_static_cache_gives_the_same_tokens():
+    """Lookahead's trees verified on the decoder's static cache: autoregressive decoding's tokens."""
+    model, prompt = tiny_model(), torch.tensor([[1, 2, 3]])
+    assert speculative_generate(model, LookaheadDrafter(), prompt, 8, k=3, sampler=Sampler(0), cache="static").token_ids \
+        == autoregressive_generate(model, prompt, 8, Sampler(0)).token_ids
 
 
 def test_lookahead_on_the_built_in_pair():

@@ -8,7 +8,10 @@ token -- so every step emits between 1 and K + 1 tokens, and the output follows 
 (warped) distribution exactly. Greedily (temperature 0) the same rule is a comparison with the
 target's argmax, `verify_chain_greedy`, with no residuals to build. A drafter may propose a token tree instead (a `Draft` with
 ``parents``): one target call with a tree attention mask scores every branch, and
-`specbook.trees.verify_tree` keeps the longest accepted path (`specbook.trees`).
+`specbook.trees.verify_tree` keeps the longest accepted path (`specbook.trees`). On the static cache of a
+target the package's decoder runs (`specbook.decoder`), the tree's call runs eagerly over the same buffer
+and its accepted path is moved into place by index (`specbook.cache.SlotCache.keep`); a target that keeps
+Hugging Face's forward verifies trees on the dynamic cache only.
 
 Both loops keep the same bookkeeping: the target's KV cache holds every committed token except
 the last one, which is "pending" and is fed first in the next call. Verification feeds
@@ -51,7 +54,7 @@ from functools import partial
 import torch
 
 from .batch import generate_batch
-from .cache import check_cache_options, is_static, keep_positions, rollback
+from .cache import SlotCache, check_cache_options, is_static, keep_positions, rollback
 from .decoder import cache_and_forward
 from .drafters import as_drafter
 from .models import check_prompt, vocab_size
@@ -122,15 +125,17 @@ def _caches(model, input_ids, max_new_tokens, static_length, compile):
 
 
 STATIC_BLOCK = 256  # static caches are sized in blocks of this many tokens
+TREE_ROOM = 64  # and hold this many slots more, for the nodes of a tree verified after the last token
 
 
 def _static_length(model, input_ids, max_new_tokens, cache):
-    """A static cache's length: room for the prompt and the new tokens, rounded up to a block (not past
-    the model's context), so that prompts of different lengths share one compiled step instead of each
-    compiling its own (a compiled step is specialised to the cache's shape). None for a dynamic cache."""
+    """A static cache's length: room for the prompt, the new tokens and a tree's nodes (`TREE_ROOM`), rounded up
+    to a block (not past the model's context), so that prompts of different lengths share one compiled step
+    instead of each compiling its own (a compiled step is specialised to the cache's shape). None for a
+    dynamic cache."""
     if cache != "static":
         return None
-    needed = input_ids.shape[1] + max_new_tokens
+    needed = input_ids.shape[1] + max_new_tokens + TREE_ROOM
     rounded = -(-needed // STATIC_BLOCK) * STATIC_BLOCK
     context = getattr(model.config, "max_position_embeddings", None)
     return rounded if context is None else min(rounded, context)
@@ -141,7 +146,9 @@ def _target_forward(cache, input_ids, features, forward, **inputs):
     when ``features`` is set (else None): the last layer's hidden states, the input of its LM head.
     ``forward`` is the target, or its `StaticModel` (which calls it over ``cache`` on n positions);
     ``inputs``: a tree's mask and positions, or how many positions' logits to keep."""
-    if isinstance(forward, StaticModel):
+    if isinstance(forward, StaticModel) and "position_ids" in inputs:  # a tree: its own mask, called eagerly
+        forward.fresh, forward = False, forward.eager  # over the runner's cache (a SlotCache: `_tree_step`)
+    elif isinstance(forward, StaticModel):
         return forward(input_ids, features, keep=inputs.get("logits_to_keep"))
     outputs = forward(input_ids, past_key_values=cache, use_cache=True, output_hidden_states=features, **inputs)
     return outputs.logits[0], (outputs.hidden_states[-1][0] if features else None)
@@ -240,10 +247,14 @@ def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab
     and the draft's along ``step.drafted`` (or None), for the drafter's and the policy's hooks, and,
     when ``features`` is set, the target's features at the committed positions (accepted + 1, hidden).
     """
-    if is_static(cache):
-        raise ValueError("tree drafts need cache='dynamic': a static cache keeps a chain (a prefix) only")
+    if is_static(cache) and not isinstance(cache, SlotCache):
+        raise ValueError("tree drafts need cache='dynamic' for a model that keeps Hugging Face's forward: its static "
+                         "cache keeps a chain (a prefix) only")
     context, n = cache.get_seq_length(), len(draft)
     tokens, parents = _with_side(target, context, draft)  # the side tree, if any, after the nodes
+    if is_static(cache) and context + 1 + len(tokens) > cache.max_length:
+        raise ValueError(f"a tree of {len(tokens)} nodes after {context} tokens overflows the static cache of "
+                         f"{cache.max_length}: give the engine more room (decoding.TREE_ROOM) or cache='dynamic'")
     inputs = torch.cat([pending, tokens])[None]  # (1, rows): root, nodes, side
     logits, hidden = _target_forward(cache, inputs, features, forward,
                                      **tree_model_inputs(parents, context, 0, target.dtype, target.device,

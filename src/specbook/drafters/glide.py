@@ -18,8 +18,8 @@ says (`CaPE`). One target call verifies the chain and the siblings as a token tr
 keeps one more token. Every node is picked deterministically (argmax, then the next ranks), so the tree
 is reported without p (one-hot): under sampling each node is accepted with probability q(x), else x
 leaves q and the next sibling is tried -- the rule that keeps deterministic siblings lossless. (The
-authors' sampled path tests each node on its own, without a residual: not lossless.) Tree steps need
-the engine's dynamic cache.
+authors' sampled path tests each node on its own, without a residual: not lossless.) Tree steps run on
+the engine's dynamic cache, or on its static one where the target runs on the package's decoder.
 """
 
 import torch
