@@ -177,6 +177,37 @@ def test_notebook_checks_can_fail():
     assert widget_problem(synthetic_notebook(widget_state=True))
 
 
+GLUED = re.compile(r"\{glue:text\}`([A-Za-z0-9_]+)")  # a value the book's build pastes into the prose
+PRINTED = re.compile(r"^([A-Za-z0-9_]+) = ", re.MULTILINE)  # the line `specbook.glue.glue` prints for it
+
+
+def unprinted_glue(notebook) -> list[str]:
+    """The glued names that a markdown cell quotes but no code cell's output shows (``name = value``, printed by
+    `specbook.glue.glue` in the cell that computed it, next to the paragraph): Jupyter and Colab show the role's
+    name in the paragraph, not the value."""
+    printed = {name for cell in code_cells(notebook) for output in cell.get("outputs", [])
+               if output.get("output_type") == "stream" for name in PRINTED.findall(output.get("text", ""))}
+    return [name for cell in notebook.cells if cell.cell_type == "markdown" for name in GLUED.findall(cell.source)
+            if name not in printed]
+
+
+def test_unprinted_glue_can_fail():
+    quoted = nbformat.v4.new_markdown_cell("It took {glue:text}`seconds:.1f` s.")
+    printing = nbformat.v4.new_code_cell("glue('seconds', 1.5)", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="seconds = 1.5\n")])
+    silent = nbformat.v4.new_code_cell("glue('seconds', 1.5)", outputs=[])
+    assert unprinted_glue(nbformat.v4.new_notebook(cells=[printing, quoted])) == []
+    assert unprinted_glue(nbformat.v4.new_notebook(cells=[silent, quoted])) == ["seconds"]
+    assert unprinted_glue(nbformat.v4.new_notebook(cells=[quoted])) == ["seconds"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids(NOTEBOOKS))
+def test_every_glued_value_the_prose_quotes_is_printed(path):
+    missing = unprinted_glue(read(path))
+    assert not missing, (f"the prose quotes {sorted(set(missing))}, which no cell's output shows: call "
+                         "specbook.glue.glue in the cell that computes them, and re-execute the notebook")
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids(NOTEBOOKS))
 def test_notebook_was_executed_top_to_bottom(path):
     problem = execution_problem(read(path))
