@@ -266,6 +266,11 @@ def decoder_for(model) -> Decoder | None:
     forward: a model or configuration `serves` declines, or ``ENABLED`` off."""
     if not ENABLED or serves(model) is not None:
         return None
+    return _decoder(model)
+
+
+def _decoder(model) -> Decoder:
+    """``model``'s `Decoder`, made on first use and again after the model moved."""
     decoder = _DECODERS.get(model)
     if decoder is None or not decoder.current():
         decoder = _DECODERS[model] = Decoder(model)
@@ -283,8 +288,9 @@ def cache_and_forward(model, max_length: int, static: bool = False):
 
 
 def forward_over(model, cache):
-    """What runs ``model`` over ``cache``: its `Decoder` for a `SlotCache`, else the model."""
-    return decoder_for(model) if isinstance(cache, SlotCache) else model
+    """What runs ``model`` over ``cache``: its `Decoder` for a `SlotCache` (which only a decoder makes, so even
+    inside `hugging_face_forward`), else the model."""
+    return _decoder(model) if isinstance(cache, SlotCache) else model
 
 
 def forward_name(model) -> str:
