@@ -62,6 +62,24 @@ def test_bench_writes_a_csv(tmp_path, capsys, monkeypatch, suite, rows):
     assert not table["packed_target"].any() and (table["target_forward"] == "specbook.decoder").all()
 
 
+def test_the_family_suite_runs_every_method_on_the_gpu_path(tmp_path, monkeypatch):
+    """--gpu-path: every row on the static cache with the graphs' CPU stand-in, trees included (issue of trees
+    stopping mid-generation there); the suite itself stops on a greedy row that differs."""
+    import json
+
+    from specbook import graphs
+
+    monkeypatch.setenv("SPECBOOK_QUICK_TIMING", "1")
+    monkeypatch.setattr(graphs, "CAPTURE_ON_CPU", False)  # restored after: the command sets it
+    out = tmp_path / "family.json"
+    main(["bench", "--suite", "family", "--gpu-path", "--categories", "repetitive", "--max-new-tokens", "12",
+          "--repeats", "1", "--json", str(out)])
+    results = json.loads(out.read_text())
+    assert results["gpu_path"] and graphs.CAPTURE_ON_CPU
+    greedy = [row for row in results["rows"] if row["sampling"] == "greedy"]
+    assert len(greedy) == 18 + 2 and all(row["same_tokens"] for row in greedy)
+
+
 def test_the_gpu_suite_writes_a_results_file(tmp_path, capsys, monkeypatch):
     """On a CPU its ratios mean nothing; the command's wiring and the file are checked (timed quickly)."""
     import json

@@ -230,6 +230,9 @@ def main(argv=None):
     ben.add_argument("--k", type=_positive_int, default=4,
                      help="--suite family: the draft length of its chains (trees draft to that depth, Ouroboros K + 3; "
                           "default 4, the K chapters 4 to 6c time)")
+    ben.add_argument("--gpu-path", action="store_true",
+                     help="--suite family: every row on the GPU path (the static cache, its calls replayed as CUDA "
+                          "graphs; off a GPU the CPU's stand-in for graphs, which checks exactness, not speed)")
     ben.add_argument("--repeats", type=_positive_int, default=3)
     ben.add_argument("--passages", type=_positive_int, default=16,
                      help="--suite seq2seq: how many of the held-out passages (default: %(default)s)")

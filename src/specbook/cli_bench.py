@@ -9,6 +9,7 @@ import sys
 
 import torch
 
+from . import graphs
 from .batch_bench import batch_suite, report
 from .bench import CATEGORIES, PROMPT_SETS, machine, run_benchmark
 from .costs import CPU_SCALE, cost_probe
@@ -132,10 +133,14 @@ def run_family(pair, args, path):
              for part in ("glide", "glide-control")}
     mtp_target, mtp_heads = load_mtp(pair.name, pair.target)
     samplings = {"greedy": Sampler(0), "sampled": Sampler(args.temperature or 1.0, args.top_k, args.top_p)}
+    engine = {}
+    if args.gpu_path:  # the static cache (its decode calls replayed as graphs; the CPU's stand-in off a GPU)
+        engine = dict(cache="static")
+        graphs.CAPTURE_ON_CPU = pair.target.device.type != "cuda"
     rows = []
     for sampling, sampler in samplings.items():
-        groups = [family(pair, *heads, sampler, args.max_new_tokens, args.k, **glide),
-                  multi_token(mtp_target, mtp_heads, sampler, args.max_new_tokens)]  # its own baseline
+        groups = [family(pair, *heads, sampler, args.max_new_tokens, args.k, **glide, **engine),
+                  multi_token(mtp_target, mtp_heads, sampler, args.max_new_tokens, **engine)]  # its own baseline
         for category, methods in ((category, methods) for category in args.categories for methods in groups):
             prompts = [pair.encode(text) for text in CATEGORIES[category]]
             for row in run_benchmark(methods, prompts, args.repeats, args.seed):
@@ -154,7 +159,8 @@ def run_family(pair, args, path):
     print(f"speedup over autoregressive decoding, {machine()}, {in_words(path)}, "
           f"{args.max_new_tokens} new tokens, {args.repeats} repeats")
     if args.json:
-        results = {"machine": machine(), **path, "k": args.k, "max_new_tokens": args.max_new_tokens,
+        results = {"machine": machine(), **path, "k": args.k, "gpu_path": args.gpu_path,
+                   "max_new_tokens": args.max_new_tokens,
                    "repeats": args.repeats, "sampled_temperature": samplings["sampled"].temperature,
                    "rows": [{key: or_none(value) for key, value in row.items()} for row in rows]}
         write_results(results, args.json)

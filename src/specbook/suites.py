@@ -100,7 +100,7 @@ def heads_and_trees(pair, medusa, eagle, sampler, max_new_tokens, k=4, stop_thre
     ]
 
 
-def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4, glide=None, glide_control=None):
+def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4, glide=None, glide_control=None, **path):
     """Chapter 6's comparison of every method the book runs, on one target: each drafter at the setting
     the book found good for it. Chains draft up to ``k``; every static tree is Medusa's 16-node tree
     (`DEFAULT_TREE`, depth 4), every dynamic one EAGLE-2's (depth 5, width 3, 16 nodes); lookahead
@@ -113,7 +113,8 @@ def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4, glide=N
     pool warm from the runs before); and, given ``glide`` (a `specbook.glide.GlideForCausalLM` for
     ``pair.target``) and ``glide_control`` (the same draft trained the same way without
     cross-attention), GliDe's chain, GliDe with CaPE and the control's chain. Multi-token prediction
-    changes the target, so its rows have a baseline of their own (`multi_token`).
+    changes the target, so its rows have a baseline of their own (`multi_token`). ``path``: the engine's
+    ``cache`` and ``compile`` for every row (``cache="static"``: the GPU path).
     """
     target, tree, dynamic = pair.target, DEFAULT_TREE, DynamicTree(5, 3, 16)
     model_tree = TopKTreeDrafter if sampler.greedy else SampledTreeDrafter
@@ -139,14 +140,15 @@ def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4, glide=N
     if glide is not None:
         rows += [("GliDe, chain", GlideDrafter(glide), k), ("GliDe + CaPE", GlideDrafter(glide, cape=CaPE()), k),
                  ("GliDe's control (no cross-attention), chain", glide_control, k)]
-    return [autoregressive(target, sampler, max_new_tokens)] + [
-        speculative(target, drafter, length, sampler, max_new_tokens, name=name) for name, drafter, length in rows]
+    return [autoregressive(target, sampler, max_new_tokens, **path)] + [
+        speculative(target, drafter, length, sampler, max_new_tokens, name=name, **path)
+        for name, drafter, length in rows]
 
 
-def multi_token(mtp_target, heads, sampler, max_new_tokens):
+def multi_token(mtp_target, heads, sampler, max_new_tokens, **path):
     """Multi-token prediction's rows (`specbook.mtp`): the jointly trained model decoding alone, its baseline,
-    then drafting for itself with its heads as a chain (all n - 1 of them)."""
+    then drafting for itself with its heads as a chain (all n - 1 of them). ``path`` as for `family`."""
     drafter = MedusaDrafter(mtp_target, heads, tree=None)
-    return [replace(autoregressive(mtp_target, sampler, max_new_tokens), name="MTP model, autoregressive"),
+    return [replace(autoregressive(mtp_target, sampler, max_new_tokens, **path), name="MTP model, autoregressive"),
             speculative(mtp_target, drafter, heads.num_heads, sampler, max_new_tokens,
-                        name="MTP heads, chain (vs the MTP model)")]
+                        name="MTP heads, chain (vs the MTP model)", **path)]
