@@ -10,7 +10,7 @@ from specbook import Sampler, autoregressive_generate, graphs, load_pair, specul
 from specbook.cache import SlotCache, new_cache, rollback
 from specbook.decoder import FAMILIES as SERVED
 from specbook.decoder import Decoder, decoder_for, forward_name, serves
-from specbook.drafters import OuroborosDrafter, TopKTreeDrafter
+from specbook.drafters import LookaheadDrafter, OuroborosDrafter, TopKTreeDrafter
 from specbook.kernels import count_kernels
 from specbook.packed import pack_linears
 from specbook.trees import DynamicTree, tree_forward
@@ -215,9 +215,23 @@ def test_trees_run_on_the_static_cache(pair, make, capture, monkeypatch):
         assert any(step.tree_nodes for step in result.steps)  # trees were verified
 
 
-def test_a_tree_on_hugging_faces_static_cache_is_refused():
+@pytest.mark.parametrize("make", [lambda draft: TopKTreeDrafter(draft, (2, 2)), lambda draft: OuroborosDrafter(draft),
+                                  lambda draft: LookaheadDrafter()], ids=["top-k tree", "ouroboros", "lookahead"])
+def test_a_tree_on_hugging_faces_static_cache_is_refused_before_the_first_token(make):
+    """A target on Hugging Face's forward verifies trees on the dynamic cache only: a drafter that may draft one
+    (`Drafter.drafts_trees`; Ouroboros only once a phrase matches) is refused before the target is called."""
     model = tiny_family_model("gemma2")  # keeps Hugging Face's forward
     draft = tiny_family_model("gemma2", seed=1, layers=1)
+    calls = []
+    model.register_forward_pre_hook(lambda *args: calls.append(1))
     with pytest.raises(ValueError, match="tree drafts need cache='dynamic' for a model that keeps Hugging Face's"):
-        speculative_generate(model, TopKTreeDrafter(draft, (2, 2)), torch.arange(3, 9)[None], 12, k=2,
-                             sampler=Sampler(0), cache="static")
+        speculative_generate(model, make(draft), torch.arange(3, 9)[None], 12, k=2, sampler=Sampler(0), cache="static")
+    assert calls == []
+
+
+def test_drafters_say_whether_they_may_draft_trees(pair):
+    from specbook.drafters import ModelDrafter, PromptLookupDrafter
+
+    assert [drafter.drafts_trees for drafter in (ModelDrafter(pair.draft), PromptLookupDrafter(),
+                                                 TopKTreeDrafter(pair.draft), OuroborosDrafter(pair.draft),
+                                                 LookaheadDrafter())] == [False, False, True, True, True]

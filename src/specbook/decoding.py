@@ -240,6 +240,14 @@ def _with_side(target, context, draft):
     return torch.cat([draft.tokens, draft.side_tokens]), draft.parents + side_parents
 
 
+def _check_tree_cache(cache) -> None:
+    """Refuse a static cache that cannot verify a token tree: a transformers `StaticCache` (a model that keeps
+    Hugging Face's forward) keeps a chain, a prefix, only; the decoder's `SlotCache` moves a tree's path."""
+    if is_static(cache) and not isinstance(cache, SlotCache):
+        raise ValueError("tree drafts need cache='dynamic' for a model that keeps Hugging Face's forward: its static "
+                         "cache keeps a chain (a prefix) only")
+
+
 def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab, features, forward):
     """Verify a tree draft with one target call; keep the accepted path in ``cache`` and tell ``drafter``.
 
@@ -247,9 +255,7 @@ def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab
     and the draft's along ``step.drafted`` (or None), for the drafter's and the policy's hooks, and,
     when ``features`` is set, the target's features at the committed positions (accepted + 1, hidden).
     """
-    if is_static(cache) and not isinstance(cache, SlotCache):
-        raise ValueError("tree drafts need cache='dynamic' for a model that keeps Hugging Face's forward: its static "
-                         "cache keeps a chain (a prefix) only")
+    _check_tree_cache(cache)  # a drafter that did not say it drafts trees (`Drafter.drafts_trees`)
     context, n = cache.get_seq_length(), len(draft)
     tokens, parents = _with_side(target, context, draft)  # the side tree, if any, after the nodes
     if is_static(cache) and context + 1 + len(tokens) > cache.max_length:
@@ -318,6 +324,8 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     started = time.perf_counter()
     features = drafter.uses_features
     kv_cache, forward = _caches(target, input_ids, max_new_tokens, static_length, compile)
+    if drafter.drafts_trees:  # before the first token, not at the first tree
+        _check_tree_cache(kv_cache)
     if drafter.needs_prefill:
         pending, prompt_features = prefill(target, kv_cache, input_ids, features, forward)
     else:  # the prompt goes into the first verification call, as one more call would cost a step's time

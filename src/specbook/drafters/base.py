@@ -68,6 +68,12 @@ class Drafter:
     uses_target_cache = False
 
     @property
+    def drafts_trees(self) -> bool:
+        """Whether ``propose`` may return a token tree (a `Draft` with ``parents``), now or later in a generation:
+        the engine refuses a cache that cannot verify one before the first token, not at the first tree."""
+        return False
+
+    @property
     def needs_prefill(self) -> bool:
         """Whether the engine reads the prompt into the target's cache with a call of its own before the first
         step: a drafter that reads the target's features or its cache needs the prompt's."""

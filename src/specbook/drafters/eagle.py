@@ -43,6 +43,10 @@ class EagleDrafter(Drafter):
 
     uses_features = True
 
+    @property
+    def drafts_trees(self) -> bool:
+        return self.tree is not None
+
     def __init__(self, target: torch.nn.Module, head: EagleHead, tree=None):
         check_hidden_size(head, target)
         self.target, self.head = target, head

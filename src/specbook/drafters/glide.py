@@ -104,6 +104,10 @@ class GlideDrafter(ModelDrafter):
 
     uses_target_cache = True
 
+    @property
+    def drafts_trees(self) -> bool:
+        return self.cape is not None
+
     def __init__(self, glide: GlideForCausalLM, cape: CaPE | None = None):
         if not isinstance(glide, GlideForCausalLM):
             raise ValueError(f"glide must be a GlideForCausalLM (got {type(glide).__name__}): for a plain draft model "

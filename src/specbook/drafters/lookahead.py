@@ -71,6 +71,8 @@ class LookaheadDrafter(Drafter):
     with draft length k verifies their first min(k, N - 1) tokens. Run it with ``k = ngram - 1``.
     """
 
+    drafts_trees = True
+
     def __init__(self, window: int = 5, ngram: int = 4, candidates: int = 5):
         check_integer("window", window, 1)
         check_integer("ngram", ngram, 2)

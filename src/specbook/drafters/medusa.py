@@ -41,6 +41,10 @@ class MedusaDrafter(Drafter):
 
     uses_features = True
 
+    @property
+    def drafts_trees(self) -> bool:
+        return self.tree is not None
+
     def __init__(self, target: torch.nn.Module, heads: MedusaHeads, tree=DEFAULT_TREE):
         check_hidden_size(heads, target)
         if tree is DEFAULT_TREE:

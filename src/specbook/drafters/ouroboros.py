@@ -59,6 +59,8 @@ class OuroborosDrafter(ModelDrafter):
     ``max_phrases`` phrases from a `PhrasePool` of ``phrase_length`` tokens as branches under its last token,
     so that a step's tree is at most K deep. The pool persists across generations unless ``warm=False``."""
 
+    drafts_trees = True  # a chain, and a tree as soon as a phrase matches
+
     def __init__(self, model: torch.nn.Module, phrase_length: int = 3, max_phrases: int = 3, chain: int | None = None,
                  warm: bool = True):
         super().__init__(model)

@@ -52,6 +52,8 @@ class TopKTreeDrafter(ModelDrafter):
     docstring); a dynamic tree spends its node budget by its own rule and is not asked.
     """
 
+    drafts_trees = True
+
     def __init__(self, model: torch.nn.Module, tree=(2, 2, 1)):
         super().__init__(model)
         self.tree = tree if isinstance(tree, (TreeSpec, DynamicTree)) else TreeSpec.from_branching(tree)
