@@ -235,3 +235,17 @@ def test_drafters_say_whether_they_may_draft_trees(pair):
     assert [drafter.drafts_trees for drafter in (ModelDrafter(pair.draft), PromptLookupDrafter(),
                                                  TopKTreeDrafter(pair.draft), OuroborosDrafter(pair.draft),
                                                  LookaheadDrafter())] == [False, False, True, True, True]
+
+
+def test_a_count_on_the_device_rolls_back_a_fixed_size_cache_only():
+    """A count the host has not read moves a StaticCache's or a SlotCache's pointer; a cache that crops on the
+    host (dynamic, encoder-decoder) refuses it."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    cache = decoder_for(tiny_family_model("llama")).new_cache(8)
+    cache.claim(5)
+    rollback(cache, torch.tensor(2))
+    assert cache.get_seq_length() == 3
+    for other in (DynamicCache(), EncoderDecoderCache(DynamicCache(), DynamicCache())):
+        with pytest.raises(ValueError, match="rolls back a static cache only"):
+            rollback(other, torch.tensor(1))

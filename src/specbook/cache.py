@@ -150,12 +150,12 @@ class SlotCache:
         """Per sliding window (None: full attention), the additive masks (n, span) of queries at positions
         ``slots`` (n,): a key is visible at a position <= the query's, and within its window."""
         keys = self.steps[: self.span]  # (span,)
+        hidden = max(torch.finfo(self.keys.dtype).min, torch.finfo(torch.float32).min)  # where's scalars: float32
         masks = {}
         for window in set(self.windows):
             visible = keys <= slots[:, None]  # (n, span)
             if window is not None:
                 visible &= keys > slots[:, None] - window
-            hidden = max(torch.finfo(self.keys.dtype).min, torch.finfo(torch.float32).min)  # where's scalars: float32
             masks[window] = torch.where(visible, 0.0, hidden).to(self.keys.dtype)
         return masks
 
@@ -203,7 +203,7 @@ def rollback(cache, num_tokens: int | torch.Tensor) -> None:
     (the engine's drafting ahead, `specbook.drafters.ModelDrafter.draft_ahead`): it must be >= 0.
     """
     on_device = isinstance(num_tokens, torch.Tensor)
-    if on_device and isinstance(cache, DynamicCache):
+    if on_device and not isinstance(cache, (StaticCache, SlotCache)):
         raise ValueError("a number of tokens held on the device rolls back a static cache only (a dynamic cache "
                          "crops on the host)")
     if not on_device and num_tokens < 0:

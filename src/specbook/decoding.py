@@ -179,8 +179,8 @@ def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(),
     _check_inputs(model, input_ids, max_new_tokens, cache, compile)
     generator = make_generator(seed, model.device)
     started = time.perf_counter()
-    kv_cache, forward = _caches(model, input_ids, max_new_tokens, _static_length(model, input_ids, max_new_tokens, cache),
-                                compile)
+    static_length = _static_length(model, input_ids, max_new_tokens, cache)
+    kv_cache, forward = _caches(model, input_ids, max_new_tokens, static_length, compile)
     vocab = vocab_size(model)
     inputs = input_ids  # the first call reads the whole prompt
     tokens = []

@@ -251,7 +251,8 @@ def prefill(model, cache, input_ids, features=False, runner=None):
     if context.shape[1] and isinstance(runner, StaticModel):
         hidden = runner(context, features, keep=1)[1]
     elif context.shape[1]:
-        outputs = forward_over(model, cache)(context, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=features)
+        outputs = forward_over(model, cache)(context, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                                             output_hidden_states=features)
         hidden = outputs.hidden_states[-1][0] if features else None  # (T - 1, hidden)
     return input_ids[0, -1:], hidden
 

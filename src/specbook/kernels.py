@@ -5,8 +5,8 @@ At batch one a small model's decode call on a GPU costs about its number of kern
 time. `count_kernels` counts the operators a call dispatches on whatever device it runs, under inference
 mode as the engine runs them, which are the kernels a CUDA graph of the call holds, up to fusion: views and
 allocations launch nothing and are not counted, and an RMSNorm written as one call (``F.rms_norm``, one fused
-kernel on a GPU, several operators on a CPU) counts once. Hugging Face's Llama writes its RMSNorm out in eight operators, which count as eight, as
-they launch on a GPU.
+kernel on a GPU, several operators on a CPU) counts once. Hugging Face's Llama writes its RMSNorm out in
+eight operators, which count as eight, as they launch on a GPU.
 """
 
 import torch

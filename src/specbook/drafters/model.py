@@ -21,8 +21,8 @@ from ..models import SHARED_ENCODER, check_pair, check_token_ids, embedding_rows
 from ..seq2seq import EncoderDecoderView, encode, is_encoder_decoder
 from .base import Draft, Drafter
 
-ENCODERS = ("own", "target")
-DRAFT_ROOM = 256  # a new cache's room after the prompt; it grows when a generation needs more  # an encoder-decoder draft's encoder states: its own encoder's, or the target's
+ENCODERS = ("own", "target")  # an encoder-decoder draft's encoder states: its own encoder's, or the target's
+DRAFT_ROOM = 256  # a new cache's room after the prompt; it grows when a generation needs more
 
 
 class ModelDrafter(Drafter):
