@@ -48,13 +48,16 @@ def _run_both(model, decoder, calls, ids, slots=64):
 @pytest.mark.parametrize("family, make", _served() + [("built-in target", lambda: load_pair("shakespeare").target)])
 def test_logits_and_features_are_hugging_faces(family, make):
     """A prompt, single tokens, a call on six, a rollback and the same positions again (sliding windows of 8 in
-    Mistral and Qwen2 are crossed): logits and features (the input of the LM head) agree to float32 rounding."""
+    Mistral and Qwen2 are crossed): logits, features (the input of the LM head) and every layer's output (what
+    EAGLE-3 reads) agree to float32 rounding."""
     model = make()
     ids = torch.randint(0, 90, (1, 40), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         for expected, got in _run_both(model, decoder_for(model), [12, 1, 1, 6, -4, 4, 1, 10], ids):
             torch.testing.assert_close(got.logits, expected.logits, **CLOSE)
-            torch.testing.assert_close(got.hidden_states[-1], expected.hidden_states[-1], **CLOSE)
+            assert len(got.hidden_states) == len(expected.hidden_states) == model.config.num_hidden_layers + 1
+            for state, expected_state in zip(got.hidden_states, expected.hidden_states):
+                torch.testing.assert_close(state, expected_state, **CLOSE)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

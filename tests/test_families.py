@@ -3,7 +3,8 @@
 For each family of `families` (tiny random models from Hugging Face configs), greedy decoding by
 every method equals the target's own ``generate(do_sample=False)`` token for token: autoregressive
 decoding, a draft model's chain, a draft model's token tree, prompt lookup, lookahead decoding, Ouroboros, the static cache (and its calls replayed as graphs),
-EAGLE and Medusa heads freshly initialised on the target (exactness does not need trained heads).
+EAGLE, EAGLE-3 and Medusa heads freshly initialised on the target (exactness does not need trained heads; EAGLE-3
+reads a middle layer and the features, on the static cache and its graphs too).
 The sliding-window families have a window of 8: prompts of 5 tokens (the window is crossed while
 generating) and of 26 (longer than the window to begin with). Every draft model's embedding is
 padded with 32 unused rows, as real pairs that share a tokenizer often are.
@@ -15,8 +16,9 @@ import torch
 import specbook.graphs
 from specbook import DynamicTree, Sampler, autoregressive_generate, speculative_generate
 from specbook.cache import attention_windows
-from specbook.drafters import (EagleDrafter, LookaheadDrafter, MedusaDrafter, OuroborosDrafter, PromptLookupDrafter,
+from specbook.drafters import (Eagle3Drafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, OuroborosDrafter, PromptLookupDrafter,
                                TopKTreeDrafter)
+from specbook.eagle3 import Eagle3Head
 from specbook.heads import EagleHead, MedusaHeads
 from specbook.models import target_features
 
@@ -64,6 +66,14 @@ def _methods():
                                                            NEW_TOKENS, k=3, **greedy).token_ids,
         "eagle_dynamic_tree": lambda t, d, x: speculative_generate(
             t, EagleDrafter(t, EagleHead(t.config), tree=DynamicTree(3, 2, 5)), x, NEW_TOKENS, k=3, **greedy).token_ids,
+        "eagle3_chain": lambda t, d, x: speculative_generate(t, Eagle3Drafter(t, Eagle3Head(t.config, (1, -1))), x,
+                                                             NEW_TOKENS, k=3, **greedy).token_ids,
+        "eagle3_dynamic_tree": lambda t, d, x: speculative_generate(
+            t, Eagle3Drafter(t, Eagle3Head(t.config, (1, -1)), tree=DynamicTree(3, 2, 5)), x, NEW_TOKENS, k=3,
+            **greedy).token_ids,
+        "graphs_eagle3_chain": _graphs(lambda t, d, x: speculative_generate(
+            t, Eagle3Drafter(t, Eagle3Head(t.config, (1, -1))), x, NEW_TOKENS, k=3, cache="static",
+            **greedy).token_ids),
         "dynamic_tree": lambda t, d, x: speculative_generate(t, TopKTreeDrafter(d, DynamicTree(3, 3, 6)), x, NEW_TOKENS,
                                                              k=3, **greedy).token_ids,
         "lookahead": lambda t, d, x: speculative_generate(t, LookaheadDrafter(4, 3, 4), x, NEW_TOKENS, k=2,

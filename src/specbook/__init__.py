@@ -7,8 +7,9 @@ the draft's cost per token relative to the target's.
 
 from . import display  # noqa: F401  (registers and enables the "specbook" Altair renderer)
 from .decoding import autoregressive_generate, speculative_generate
-from .drafters import (Draft, Drafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter, NGramDrafter,
+from .drafters import (Draft, Drafter, Eagle3Drafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter, NGramDrafter,
                        PromptLookupDrafter, SampledTreeDrafter, SelfSpeculativeDrafter, TopKTreeDrafter)
+from .eagle3 import Eagle3Head
 from .heads import EagleHead, ExitHead, MedusaHeads
 from .models import ModelPair, load_model, load_pair
 from .policies import BatchSizeK, ConfidenceStop, DraftLength, EntropyGuidedK, FixedK, HeuristicK
@@ -20,7 +21,7 @@ from .trees import DynamicTree, TreeSpec, tree_attention_mask, tree_positions, v
 
 __all__ = [
     "BatchGeneration", "BatchSizeK", "BatchStats", "ConfidenceStop", "Draft", "DraftLength", "Drafter", "DynamicTree",
-    "EagleDrafter", "EagleHead",
+    "Eagle3Drafter", "Eagle3Head", "EagleDrafter", "EagleHead",
     "EntropyGuidedK", "ExitHead", "FixedK", "Generation", "HeuristicK", "LookaheadDrafter", "MedusaDrafter",
     "MedusaHeads", "ModelDrafter", "ModelPair", "NGramDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "Sampler",
     "SelfSpeculativeDrafter", "Stats", "Step", "TopKTreeDrafter", "TreeSpec", "acceptance_rate",

@@ -309,6 +309,21 @@ def acceptance(target, drafter, prompts: list[torch.Tensor], new_tokens: int = 6
             "acceptance_rate": acceptance_rate(steps)}
 
 
+def acceptance_by_position(target, drafter, prompts: list[torch.Tensor], new_tokens: int = 64, k: int = 5,
+                           sampler=Sampler(0), seed: int = 0) -> dict:
+    """α at each draft position of a chain: α_i, the share of steps whose i-th draft was accepted among those that
+    drafted it and accepted drafts 1 .. i - 1 (EAGLE-3's Figure 7 plots the like), over ``prompts`` ((1, T)
+    tensors), ``k`` drafts a step. Returns ``alpha_by_position`` (k values; None where no step got that far),
+    ``tokens_per_step`` and the generations' ``steps`` counted."""
+    runs = [speculative_generate(target, drafter, prompt, new_tokens, k=k, sampler=sampler, seed=seed + index)
+            for index, prompt in enumerate(prompts)]
+    steps = [step for run in runs for step in run.steps]
+    reached = [sum(len(step.drafted) >= i and step.accepted >= i - 1 for step in steps) for i in range(1, k + 1)]
+    accepted = [sum(step.accepted >= i for step in steps) for i in range(1, k + 1)]
+    return {"alpha_by_position": [hits / tried if tried else None for hits, tried in zip(accepted, reached)],
+            "tokens_per_step": sum(len(run.token_ids) for run in runs) / len(steps), "steps": len(steps)}
+
+
 @torch.inference_mode()
 def measure_alpha(target, draft, prompts, new_tokens=64, seed=0, greedy=None):
     """How well the draft predicts the target, along the target's own continuations of ``prompts``.

@@ -6,6 +6,7 @@
     python -m specbook bench --suite gpu --device cuda --dtype bfloat16 --json results/gpu.json
     python -m specbook bench --suite profile --ks 2,4
     python -m specbook bench --suite family --json results/family.json
+    python -m specbook bench --suite eagle3 --eagle3-variants data/eagle3-ablation --json results/eagle3.json
     python -m specbook generate "To be, or <mask> to be:" --pair shakespeare-seq2seq --trace
     python -m specbook bench --suite seq2seq --ks 2,4,6 --json results/seq2seq.json
     python -m specbook bench --suite batch --batch-sizes 1,2,4,8,16,32 --json results/batch.json
@@ -23,7 +24,7 @@ import sys
 import torch
 
 from .bench import CATEGORIES
-from .cli_bench import (run_batch, run_costs, run_family, run_gpu, run_profile, run_seq2seq, run_table,
+from .cli_bench import (run_batch, run_costs, run_eagle3, run_family, run_gpu, run_profile, run_seq2seq, run_table,
                         target_path)
 from .costs import CPU_SCALE, PAIRS
 from .decoding import autoregressive_generate, speculative_generate
@@ -105,7 +106,7 @@ def bench(args):
     """Check what the suite needs, load the pair and run the suite (`specbook.cli_bench`)."""
     if args.suite == "costs":  # builds the real pairs' shapes itself: no pair to load
         return run_costs(args)
-    if args.suite in ("heads", "family") and (args.target or args.draft or args.pair not in (None, *WITH_HEADS)):
+    if args.suite in ("heads", "family", "eagle3") and (args.target or args.draft or args.pair not in (None, *WITH_HEADS)):
         raise ValueError(f"--suite {args.suite} needs a built-in pair (--pair shakespeare, the default): its heads "
                          "were trained on that target's hidden states and fit no other model")
     if args.suite == "seq2seq" and args.pair is None and args.target is None:
@@ -116,7 +117,8 @@ def bench(args):
                          f"a Hugging Face pair); {pair.name} is decoder-only")
     if args.suite == "gpu":
         return run_gpu(pair, args)
-    runs = {"profile": run_profile, "family": run_family, "seq2seq": run_seq2seq, "batch": run_batch}
+    runs = {"profile": run_profile, "family": run_family, "eagle3": run_eagle3, "seq2seq": run_seq2seq,
+            "batch": run_batch}
     runs.get(args.suite, run_table)(pair, args, target_path(pair.target))
 
 
@@ -195,8 +197,8 @@ def main(argv=None):
     _add_model_options(gen)
     _add_sampling_options(gen)
     ben = commands.add_parser("bench", help="benchmark AR, speculative (several K) and HF assisted generation")
-    ben.add_argument("--suite", choices=["comparison", "ablation", "heads", "gpu", "profile", "family", "seq2seq",
-                                         "batch", "costs"],
+    ben.add_argument("--suite", choices=["comparison", "ablation", "heads", "gpu", "profile", "family", "eagle3",
+                                         "seq2seq", "batch", "costs"],
                      default="comparison",
                      help="comparison: AR, speculative for each K, HF assisted (chapter 4); ablation: model "
                           "drafter, EGAG, NASD, prompt lookup (chapter 5); heads: the model drafter as a chain "
@@ -205,6 +207,9 @@ def main(argv=None):
                           "written with --json (chapter 4); profile: where a speculative step's time goes, "
                           "for each K (specbook.profile); family: every method of the book on every kind of "
                           "text, greedy and sampled, written with --json (chapter 6, built-in pair only); "
+                          "eagle3: EAGLE against EAGLE-3 and its ablations, chains and dynamic trees on every kind "
+                          "of text, and alpha at each draft position, written with --json (chapter 6, built-in "
+                          "pair only); "
                           "seq2seq: an encoder-decoder pair (default shakespeare-seq2seq) restoring held-out "
                           "passages: the draft on the target's encoder at each K, a draft with its own encoder, "
                           "prompt lookup and HF assisted, greedy and sampled, written with --json (chapter 4b); "
@@ -228,11 +233,17 @@ def main(argv=None):
                      help="draft lengths (default: 1,2,3,4,6; the ablation sweeps the model drafter over them "
                           "and gives the lookup drafters the largest; the heads suite uses the largest)")
     ben.add_argument("--k", type=_positive_int, default=4,
-                     help="--suite family: the draft length of its chains (trees draft to that depth, Ouroboros K + 3; "
+                     help="--suite family and eagle3: the draft length of its chains (trees draft to that depth, Ouroboros K + 3; "
                           "default 4, the K chapters 4 to 6c time)")
     ben.add_argument("--gpu-path", action="store_true",
                      help="--suite family: every row on the GPU path (the static cache, its calls replayed as CUDA "
                           "graphs; off a GPU the CPU's stand-in for graphs, which checks exactness, not speed)")
+    ben.add_argument("--eagle3-variants", default=None,
+                     help="--suite eagle3: a folder of EAGLE-3 heads trained otherwise (python -m specbook.train "
+                          "--stages eagle3 --eagle3-name ...), each compared with the built-in one")
+    ben.add_argument("--eagle3-vocab", type=_positive_int, default=512,
+                     help="--suite eagle3: the reduced draft vocabulary's size, the most frequent tokens of the "
+                          "training text (default: %(default)s)")
     ben.add_argument("--repeats", type=_positive_int, default=3)
     ben.add_argument("--passages", type=_positive_int, default=16,
                      help="--suite seq2seq: how many of the held-out passages (default: %(default)s)")

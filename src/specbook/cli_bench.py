@@ -2,20 +2,24 @@
 
 ``python -m specbook bench --suite NAME`` checks its options, loads the pair and hands it to one of these:
 `run_table` for the chapters' tables (comparison, ablation, heads: `specbook.suites`), then one function per
-suite that records a results file (gpu, family, seq2seq, batch, costs) or splits a step's time (profile).
+suite that records a results file (gpu, family, eagle3, seq2seq, batch, costs) or splits a step's time (profile).
 """
 
+import json
 import sys
+from pathlib import Path
 
 import torch
 
 from . import graphs
 from .batch_bench import batch_suite, report
-from .bench import CATEGORIES, PROMPT_SETS, machine, run_benchmark
+from .bench import CATEGORIES, PROMPT_SETS, acceptance_by_position, machine, run_benchmark
 from .costs import CPU_SCALE, cost_probe
 from .costs import report as costs_report
 from .decoder import forward_name
 from .gpu import gpu_benchmark, or_none, write_results
+from .drafters import Eagle3Drafter, EagleDrafter
+from .eagle3 import Eagle3Head
 from .heads import EagleHead, ExitHead, MedusaHeads
 from .models import assets_dir, load_model
 from .packed import is_packed
@@ -23,7 +27,7 @@ from .mtp import load_mtp
 from .profile import copy_bandwidth, step_profile
 from .sampling import Sampler
 from .spread import show_spreads, spread_of, tie_text
-from .suites import ablation, comparison, encoder_decoder, family, heads_and_trees, multi_token
+from .suites import ablation, comparison, eagle3_rows, encoder_decoder, family, heads_and_trees, multi_token
 
 
 def target_path(target) -> dict:
@@ -121,26 +125,18 @@ def run_gpu(pair, args):
         print(f"written to {args.json}", file=sys.stderr)
 
 
-def run_family(pair, args, path):
-    """Every method on every kind of text (`specbook.suites.family`, with the built-in GliDe draft and its control),
-    greedy and sampled (at --temperature, 1 if it is 0), and multi-token prediction against the MTP model's own
-    autoregressive decoding (`specbook.suites.multi_token`); one row per method, category and sampling, written as
-    JSON. A greedy row whose tokens differ from its baseline's stops the run: exactness is checked, not assumed."""
-    import pandas as pd
+def _samplings(args) -> dict:
+    """The suites' two samplings: greedy, and --temperature (1 if it is 0) with --top-k and --top-p."""
+    return {"greedy": Sampler(0), "sampled": Sampler(args.temperature or 1.0, args.top_k, args.top_p)}
 
-    heads = _built_in_heads(pair, ("medusa", "eagle", "exit"))
-    glide = {part.replace("-", "_"): load_model(pair.name, part, pair.target.device, pair.target.dtype)
-             for part in ("glide", "glide-control")}
-    mtp_target, mtp_heads = load_mtp(pair.name, pair.target)
-    samplings = {"greedy": Sampler(0), "sampled": Sampler(args.temperature or 1.0, args.top_k, args.top_p)}
-    engine = {}
-    if args.gpu_path:  # the static cache (its decode calls replayed as graphs; the CPU's stand-in off a GPU)
-        engine = dict(cache="static")
-        graphs.CAPTURE_ON_CPU = pair.target.device.type != "cuda"
+
+def _rows_by_category(pair, args, groups_for) -> list[dict]:
+    """Time ``groups_for(sampler)`` -- lists of methods, each with its baseline first -- on every kind of text of
+    --categories, greedy and sampled (`_samplings`): one row per method, category and sampling. A greedy row whose
+    tokens differ from its baseline's stops the run: exactness is checked, not assumed."""
     rows = []
-    for sampling, sampler in samplings.items():
-        groups = [family(pair, *heads, sampler, args.max_new_tokens, args.k, **glide, **engine),
-                  multi_token(mtp_target, mtp_heads, sampler, args.max_new_tokens, **engine)]  # its own baseline
+    for sampling, sampler in _samplings(args).items():
+        groups = groups_for(sampler)
         for category, methods in ((category, methods) for category in args.categories for methods in groups):
             prompts = [pair.encode(text) for text in CATEGORIES[category]]
             for row in run_benchmark(methods, prompts, args.repeats, args.seed):
@@ -153,6 +149,28 @@ def run_family(pair, args, path):
                              "speedup_vs_ar_max": row["speedup_max"],
                              "same_tokens": row["same_tokens"] if sampling == "greedy" else None,
                              **{key: row[key] for key in kept}})
+    return rows
+
+
+def run_family(pair, args, path):
+    """Every method on every kind of text (`specbook.suites.family`, with the built-in GliDe draft and its control),
+    greedy and sampled (at --temperature, 1 if it is 0), and multi-token prediction against the MTP model's own
+    autoregressive decoding (`specbook.suites.multi_token`); one row per method, category and sampling, written as
+    JSON. A greedy row whose tokens differ from its baseline's stops the run: exactness is checked, not assumed."""
+    import pandas as pd
+
+    heads = _built_in_heads(pair, ("medusa", "eagle", "exit"))
+    glide = {part.replace("-", "_"): load_model(pair.name, part, pair.target.device, pair.target.dtype)
+             for part in ("glide", "glide-control")}
+    mtp_target, mtp_heads = load_mtp(pair.name, pair.target)
+    eagle3 = Eagle3Head.from_pretrained(pair.name, pair.target)
+    engine = {}
+    if args.gpu_path:  # the static cache (its decode calls replayed as graphs; the CPU's stand-in off a GPU)
+        engine = dict(cache="static")
+        graphs.CAPTURE_ON_CPU = pair.target.device.type != "cuda"
+    rows = _rows_by_category(pair, args, lambda sampler: [
+        family(pair, *heads, sampler, args.max_new_tokens, args.k, **glide, eagle3=eagle3, **engine),
+        multi_token(mtp_target, mtp_heads, sampler, args.max_new_tokens, **engine)])  # its own baseline
     table = pd.DataFrame(rows)
     print(table.pivot_table(index="method", columns=["sampling", "category"], values="speedup_vs_ar", sort=False)
           .to_string(float_format=lambda x: f"{x:.2f}"))
@@ -161,7 +179,65 @@ def run_family(pair, args, path):
     if args.json:
         results = {"machine": machine(), **path, "k": args.k, "gpu_path": args.gpu_path,
                    "max_new_tokens": args.max_new_tokens,
-                   "repeats": args.repeats, "sampled_temperature": samplings["sampled"].temperature,
+                   "repeats": args.repeats, "sampled_temperature": _samplings(args)["sampled"].temperature,
+                   "rows": [{key: or_none(value) for key, value in row.items()} for row in rows]}
+        write_results(results, args.json)
+        print(f"written to {args.json}", file=sys.stderr)
+
+
+def eagle3_heads(pair, variants=None) -> dict:
+    """The EAGLE-3 heads to compare, by label: the built-in one first, then every head saved in a folder of
+    ``variants`` (``python -m specbook.train --stages eagle3 --eagle3-name ...``), labelled by what sets it apart:
+    its feature layers and its training-time test's steps (its training.json's ``ttt_steps``)."""
+    folders = [assets_dir(pair.name) / "eagle3"]
+    if variants is not None:
+        folders += sorted(folder for folder in Path(variants).iterdir() if (folder / "config.json").is_file())
+    heads = {}
+    for folder in folders:
+        head = Eagle3Head.from_pretrained(folder, pair.target)
+        steps = json.loads((folder / "training.json").read_text()).get("ttt_steps")
+        layers = "the features alone" if head.feature_layers == (-1,) else \
+            "layers " + ", ".join(map(str, head.feature_layers))
+        test = "no training-time test" if steps == 1 else f"{steps}-step training-time test"
+        heads[f"EAGLE-3 ({layers}; {test})"] = head
+    return heads
+
+
+def run_eagle3(pair, args, path):
+    """EAGLE against EAGLE-3 (`specbook.suites.eagle3_rows`), greedy and sampled, on every kind of text: the built-in
+    heads, the EAGLE-3 variants saved under --eagle3-variants, and the built-in EAGLE-3 with a reduced vocabulary of
+    --eagle3-vocab tokens; and α at each of --k draft positions of a chain for every head
+    (`specbook.bench.acceptance_by_position`) on all the prompts. One row per method, category and sampling, as in
+    the family suite, written as JSON."""
+    import pandas as pd
+
+    eagle = EagleHead.from_pretrained(pair.name, pair.target)
+    heads = eagle3_heads(pair, args.eagle3_variants)
+    prompts = [pair.encode(text) for category in args.categories for text in CATEGORIES[category]]
+    positions = {}
+    for sampling, sampler in _samplings(args).items():
+        for name, drafter in [("EAGLE", EagleDrafter(pair.target, eagle))] + [
+                (name, Eagle3Drafter(pair.target, head)) for name, head in heads.items()] + [
+                (f"{next(iter(heads))}, {args.eagle3_vocab}-token draft vocabulary",
+                 Eagle3Drafter(pair.target, next(iter(heads.values())).with_vocabulary(args.eagle3_vocab)))]:
+            measured = acceptance_by_position(pair.target, drafter, prompts, args.max_new_tokens, args.k, sampler,
+                                              args.seed)
+            positions.setdefault(name, {})[sampling] = measured
+            print(f"{sampling}, {name}: α by position " + " ".join(f"{alpha:.2f}" if alpha is not None else "-"
+                                                                for alpha in measured["alpha_by_position"]))
+    rows = _rows_by_category(pair, args, lambda sampler: [
+        eagle3_rows(pair, eagle, heads, sampler, args.max_new_tokens, args.k, args.eagle3_vocab)])
+    table = pd.DataFrame(rows)
+    print(table.pivot_table(index="method", columns=["sampling", "category"], values="speedup_vs_ar", sort=False)
+          .to_string(float_format=lambda x: f"{x:.2f}"))
+    print(f"speedup over autoregressive decoding, {machine()}, {in_words(path)}, "
+          f"{args.max_new_tokens} new tokens, {args.repeats} repeats")
+    if args.json:
+        training = {name: {"feature_layers": list(head.feature_layers), "draft_vocab": len(head.vocab)}
+                    for name, head in heads.items()}
+        results = {"machine": machine(), **path, "k": args.k, "max_new_tokens": args.max_new_tokens,
+                   "repeats": args.repeats, "sampled_temperature": _samplings(args)["sampled"].temperature,
+                   "heads": training, "alpha_by_position": positions,
                    "rows": [{key: or_none(value) for key, value in row.items()} for row in rows]}
         write_results(results, args.json)
         print(f"written to {args.json}", file=sys.stderr)
@@ -172,7 +248,6 @@ def run_seq2seq(pair, args, path):
     sampled (at --temperature, 1 if it is 0), every method stopping at the end of the text; one row per method
     and sampling, written as JSON. As in the family suite, a greedy row that differs from autoregressive
     decoding stops the run."""
-    import json
 
     import pandas as pd
 

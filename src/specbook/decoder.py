@@ -125,8 +125,9 @@ class Decoder:
     """``model``'s forward (a served Llama-family causal LM) over a `SlotCache`, from the model's own weights.
 
     Called like the model: ``decoder(input_ids, past_key_values=cache, logits_to_keep=n,
-    output_hidden_states=True)`` returns ``logits`` (1, keep, vocab) and, when asked, ``hidden_states`` whose
-    last entry is the features (1, n, hidden): the final norm's output, the input of the LM head. A tree's
+    output_hidden_states=True)`` returns ``logits`` (1, keep, vocab) and, when asked, ``hidden_states`` as Hugging
+    Face's model gives them, each (1, n, hidden): the embeddings, the output of each layer but the last, and
+    the features, the final norm's output, the input of the LM head. A tree's
     call also passes ``position_ids`` (1, n) and ``attention_mask`` (1, 1, n, length + n), float, as for
     Hugging Face's model (`specbook.trees.tree_model_inputs`).
     """
@@ -234,15 +235,18 @@ class Decoder:
         rotary = self.rotary[positions]  # (n, 2, d)
         cos, sin = rotary[:, :1], rotary[:, 1:]  # (n, 1, d) each
         x = F.embedding(input_ids[0], self.embedding)  # (n, hidden)
+        states = [x]  # the residual stream after 0, 1, ... layers: references, no copies
         for index, (layer, window) in enumerate(zip(self.layers, self.windows)):
             x = x + self._attend(layer, x, cache, index, slots, cos, sin, masks[window])
             gate, up = F.linear(self._rms_norm(x, layer.post_norm), layer.gate_up).chunk(2, -1)
             x = x + F.linear(F.silu(gate) * up, layer.down)
+            states.append(x)
         features = self._rms_norm(x, self.norm)  # (n, hidden)
         kept = features[-logits_to_keep:] if isinstance(logits_to_keep, int) else features[logits_to_keep]
         logits = F.linear(kept, self.head)  # (keep, vocab)
         return CausalLMOutputWithPast(logits=logits[None], past_key_values=cache,
-                                      hidden_states=(features[None],) if output_hidden_states else None)
+                                      hidden_states=tuple(state[None] for state in states[:-1]) + (features[None],)
+                                      if output_hidden_states else None)
 
 
 _DECODERS = weakref.WeakKeyDictionary()  # model -> its Decoder

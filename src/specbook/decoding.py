@@ -57,7 +57,7 @@ from .batch import generate_batch
 from .cache import SlotCache, check_cache_options, is_static, keep_positions, rollback
 from .decoder import cache_and_forward
 from .drafters import as_drafter
-from .models import check_prompt, vocab_size
+from .models import check_prompt, read_features, vocab_size
 from .policies import DraftLength, FixedK, as_policy
 from .records import BatchGeneration, Generation, Stats, Step, finish, step_stats
 from .graphs import StaticModel, prefill, static_model
@@ -142,16 +142,18 @@ def _static_length(model, input_ids, max_new_tokens, cache):
 
 
 def _target_forward(cache, input_ids, features, forward, **inputs):
-    """The target on ``input_ids`` (1, n) after ``cache``: its logits (n, vocab), and its features (n, hidden)
-    when ``features`` is set (else None): the last layer's hidden states, the input of its LM head.
+    """The target on ``input_ids`` (1, n) after ``cache``: its logits (n, vocab), and the hidden states the
+    drafter reads (`specbook.models.read_features`) when ``features`` names them (`Drafter.feature_layers`;
+    else None).
     ``forward`` is the target, or its `StaticModel` (which calls it over ``cache`` on n positions);
     ``inputs``: a tree's mask and positions, or how many positions' logits to keep."""
     if isinstance(forward, StaticModel) and "position_ids" in inputs:  # a tree: its own mask, called eagerly
         forward.fresh, forward = False, forward.eager  # over the runner's cache (a SlotCache: `_tree_step`)
     elif isinstance(forward, StaticModel):
         return forward(input_ids, features, keep=inputs.get("logits_to_keep"))
-    outputs = forward(input_ids, past_key_values=cache, use_cache=True, output_hidden_states=features, **inputs)
-    return outputs.logits[0], (outputs.hidden_states[-1][0] if features else None)
+    outputs = forward(input_ids, past_key_values=cache, use_cache=True, output_hidden_states=features is not None,
+                      **inputs)
+    return outputs.logits[0], (read_features(outputs.hidden_states, features) if features is not None else None)
 
 
 @torch.inference_mode()
@@ -185,7 +187,7 @@ def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(),
     inputs = input_ids  # the first call reads the whole prompt
     tokens = []
     while len(tokens) < max_new_tokens:
-        logits = _target_forward(kv_cache, inputs, False, forward, logits_to_keep=1)[0][-1, :vocab]  # (vocab,)
+        logits = _target_forward(kv_cache, inputs, None, forward, logits_to_keep=1)[0][-1, :vocab]  # (vocab,)
         token = sampler.sample(sampler.probs(logits), generator).view(1)  # (1,), on the device
         inputs = token[None]  # (1, 1)
         tokens.append(token)
@@ -224,7 +226,7 @@ def _chain_step(target, cache, pending, draft, drafter, sampler, generator, voca
     drafter.update(accepted, next_token)
     step = Step(drafted_ids, accepted, next_token, accepted == len(drafted) > 0)
     return (step, outcome[1:], target_probs[: accepted + 1], draft.probs if draft is not None else None,
-            hidden[: accepted + 1] if features else None)
+            hidden[: accepted + 1] if hidden is not None else None)
 
 
 def _with_side(target, context, draft):
@@ -277,7 +279,7 @@ def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab
     walked = path + [node for node, parent in enumerate(draft.parents) if parent == last][:1]  # + first rejected
     step = Step(draft.tokens[walked].tolist(), len(path), next_token, bonus, tree_nodes=n, side_nodes=len(tokens) - n)
     return (step, torch.full((1,), next_token, device=pending.device), target_probs[committed],
-            draft.probs[walked] if draft.probs is not None else None, hidden[committed] if features else None)
+            draft.probs[walked] if draft.probs is not None else None, hidden[committed] if hidden is not None else None)
 
 
 @torch.inference_mode()
@@ -322,7 +324,7 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
         drafter.read_encoder(encoder_outputs, *encoder_inputs)
     generator = make_generator(seed, target.device)
     started = time.perf_counter()
-    features = drafter.uses_features
+    features = drafter.feature_layers if drafter.uses_features else None  # which hidden states it reads
     kv_cache, forward = _caches(target, input_ids, max_new_tokens, static_length, compile)
     if drafter.drafts_trees:  # before the first token, not at the first tree
         _check_tree_cache(kv_cache)
@@ -353,7 +355,7 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
         step, pending, committed_probs, step_draft_probs, committed_features = verify(
             target, kv_cache, pending, draft, drafter, sampler, generator, vocab, features, forward)
         drafter.observe_target(committed_probs)  # the target at the committed positions
-        if features:
+        if features is not None:
             drafter.observe_features(committed_features)
         policy.update(len(step.drafted), step.accepted, step_draft_probs)
         steps.append(step)

@@ -43,6 +43,7 @@ import torch
 
 from .cache import SlotCache, length_pointers, rollback
 from .decoder import cache_and_forward, decoder_for, forward_over
+from .models import read_features
 from .sampling import exponential_race
 
 OPTIONS = dict(fullgraph=True, dynamic=False)  # torch.compile: one graph per input shape, no fallback to Python
@@ -94,8 +95,8 @@ class StaticModel:
     generations, each call on n new tokens one replayed CUDA graph on a GPU.
 
     ``start()`` empties the cache (in place) for a new generation and returns it; then call this object on
-    the prompt and on the tokens that follow. ``features``: also return the last layer's hidden states, the
-    input of the LM head (n, hidden).
+    the prompt and on the tokens that follow. ``features``: also return the hidden states a drafter reads,
+    `Drafter.feature_layers` (`specbook.models.read_features`).
     """
 
     def __init__(self, model, max_length: int, compile: bool = False):
@@ -120,11 +121,11 @@ class StaticModel:
     def _call(self, input_ids, features, keep=None, forward=None):
         """``forward`` (by default this object's: the model, or its compiled forward) on ``input_ids`` (1, n)
         over the cache: logits (keep, vocab) at the positions ``keep`` (by default all n; an int: the last
-        ones; a tensor: those indices), and the features (n, hidden) or None."""
+        ones; a tensor: those indices), and the hidden states ``features`` names (n, .) or None."""
         outputs = (forward or self.forward)(input_ids, past_key_values=self.cache, use_cache=True,
                                             logits_to_keep=input_ids.shape[1] if keep is None else keep,
-                                            output_hidden_states=features)
-        return outputs.logits[0], (outputs.hidden_states[-1][0] if features else None)
+                                            output_hidden_states=features is not None)
+        return outputs.logits[0], (read_features(outputs.hidden_states, features) if features is not None else None)
 
     @property
     def replays(self) -> bool:
@@ -155,9 +156,9 @@ class StaticModel:
             graph.output = function()
         return graph
 
-    def __call__(self, input_ids: torch.Tensor, features: bool = False, keep: int | None = None):
+    def __call__(self, input_ids: torch.Tensor, features: tuple | None = None, keep: int | None = None):
         """Logits (keep, vocab) of the last ``keep`` of ``input_ids`` (1, n) after the cache (by default all n),
-        and the features (n, hidden) or None.
+        and the hidden states ``features`` names (n, .) or None.
 
         Advances the cache's pointers by n. A replayed graph's outputs are copied, safe to keep past the
         next call. Until the cache holds something (the first generation's prompt), calls run without a
@@ -224,7 +225,7 @@ class StaticModel:
             def drafts():
                 inputs, tokens, probs = buffer, [], []
                 for i in range(k):
-                    step_probs = sampler.probs(self._call(inputs, False)[0][-1, :vocab])  # (vocab,)
+                    step_probs = sampler.probs(self._call(inputs, None)[0][-1, :vocab])  # (vocab,)
                     token = step_probs.argmax(-1) if noise is None else exponential_race(step_probs, noise[i])
                     tokens.append(token)
                     probs.append(step_probs)
@@ -240,11 +241,11 @@ class StaticModel:
         return tokens.clone(), probs.clone()
 
 
-def prefill(model, cache, input_ids, features=False, runner=None):
+def prefill(model, cache, input_ids, features=None, runner=None):
     """Feed all prompt tokens but the last into the empty ``cache``; return the last as pending (1,).
 
-    With ``features``, also return the model's features at those T - 1 positions (None for a
-    one-token prompt): the last layer's hidden states, the input of the LM head. ``runner``: the
+    With ``features`` (`Drafter.feature_layers`), also return the hidden states it names at those T - 1
+    positions (None for a one-token prompt). ``runner``: the
     model's `StaticModel` where ``cache`` is its (the call is then its first: a prompt's graph).
     """
     context, hidden = input_ids[:, :-1], None
@@ -252,8 +253,8 @@ def prefill(model, cache, input_ids, features=False, runner=None):
         hidden = runner(context, features, keep=1)[1]
     elif context.shape[1]:
         outputs = forward_over(model, cache)(context, past_key_values=cache, use_cache=True, logits_to_keep=1,
-                                             output_hidden_states=features)
-        hidden = outputs.hidden_states[-1][0] if features else None  # (T - 1, hidden)
+                                             output_hidden_states=features is not None)
+        hidden = read_features(outputs.hidden_states, features) if features is not None else None  # (T - 1, .)
     return input_ids[0, -1:], hidden
 
 

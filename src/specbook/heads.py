@@ -374,7 +374,8 @@ def head_accuracy(target, head, tokens: torch.Tensor, block_size: int = 256, max
     head's best guess (or among its ``top`` best). EAGLE: the same for its one step, x_{t+2} from
     (f_t, x_{t+1}) with true features -- comparable to Medusa's head 0, which sees f_t alone. Exit
     head: the same for x_{t+1} from layer L, and ``agreement``, the share of positions where its best
-    guess is the target's (teacher-forced top-1 agreement).
+    guess is the target's (teacher-forced top-1 agreement). EAGLE-3: per step of its training-time test
+    (`specbook.eagle3.ttt_predictions`), x_{t+j+2} after j steps on its own outputs.
     """
     windows = min(max_windows, len(tokens) // block_size)
     input_ids = tokens[: windows * block_size].view(windows, block_size).to(target.device)
@@ -382,6 +383,8 @@ def head_accuracy(target, head, tokens: torch.Tensor, block_size: int = 256, max
     for batch in input_ids.split(batch_size):
         if isinstance(head, MedusaHeads):
             pairs = medusa_predictions(head, target, batch)
+        elif hasattr(head, "accuracy_pairs"):  # EAGLE-3: one pair per step of its training-time test
+            pairs = head.accuracy_pairs(target, batch)
         elif isinstance(head, ExitHead):
             logits, target_logits = exit_predictions(head, target, batch)  # (batch, n, vocab) each
             agreed.append((logits.argmax(-1) == target_logits.argmax(-1)).flatten())

@@ -9,8 +9,8 @@ runner's speedups are ratios against it.
 from dataclasses import replace
 
 from .bench import autoregressive, hugging_face_assisted, speculative
-from .drafters import (BlockwiseDrafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter, NGramDrafter,
-                       OuroborosDrafter, PromptLookupDrafter, SampledTreeDrafter, SelfSpeculativeDrafter,
+from .drafters import (BlockwiseDrafter, Eagle3Drafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter,
+                       NGramDrafter, OuroborosDrafter, PromptLookupDrafter, SampledTreeDrafter, SelfSpeculativeDrafter,
                        TopKTreeDrafter)
 from .drafters.glide import CaPE, GlideDrafter
 from .drafters.medusa import DEFAULT_TREE
@@ -100,7 +100,11 @@ def heads_and_trees(pair, medusa, eagle, sampler, max_new_tokens, k=4, stop_thre
     ]
 
 
-def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4, glide=None, glide_control=None, **path):
+EAGLE2_TREE = DynamicTree(5, 3, 16)  # EAGLE-2's dynamic tree in the family: depth 5, 3 expanded a depth, 16 nodes
+
+
+def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4, glide=None, glide_control=None, eagle3=None,
+           **path):
     """Chapter 6's comparison of every method the book runs, on one target: each drafter at the setting
     the book found good for it. Chains draft up to ``k``; every static tree is Medusa's 16-node tree
     (`DEFAULT_TREE`, depth 4), every dynamic one EAGLE-2's (depth 5, width 3, 16 nodes); lookahead
@@ -112,11 +116,12 @@ def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4, glide=N
     Ouroboros, the draft model's chain of ``k`` extended by three pooled phrases of three tokens (its
     pool warm from the runs before); and, given ``glide`` (a `specbook.glide.GlideForCausalLM` for
     ``pair.target``) and ``glide_control`` (the same draft trained the same way without
-    cross-attention), GliDe's chain, GliDe with CaPE and the control's chain. Multi-token prediction
+    cross-attention), GliDe's chain, GliDe with CaPE and the control's chain; given ``eagle3`` (a
+    `specbook.eagle3.Eagle3Head` for ``pair.target``), EAGLE-3's chain and dynamic tree. Multi-token prediction
     changes the target, so its rows have a baseline of their own (`multi_token`). ``path``: the engine's
     ``cache`` and ``compile`` for every row (``cache="static"``: the GPU path).
     """
-    target, tree, dynamic = pair.target, DEFAULT_TREE, DynamicTree(5, 3, 16)
+    target, tree, dynamic = pair.target, DEFAULT_TREE, EAGLE2_TREE
     model_tree = TopKTreeDrafter if sampler.greedy else SampledTreeDrafter
     rows = [
         ("draft model, chain", pair.draft, k),
@@ -133,6 +138,10 @@ def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4, glide=N
         (f"self-speculative, exit after layer {exit_head.exit_layer}", SelfSpeculativeDrafter(target, exit_head), k),
         ("Medusa, chain", MedusaDrafter(target, medusa, tree=None), medusa.num_heads),
     ]
+    if eagle3 is not None:
+        rows += [("EAGLE-3, chain", Eagle3Drafter(target, eagle3), k),
+                 (f"EAGLE-3, dynamic {dynamic.nodes}-node tree", Eagle3Drafter(target, eagle3, tree=dynamic),
+                  dynamic.depth)]
     if sampler.greedy:
         rows.append((f"blockwise, blocks of {medusa.num_heads + 1}", BlockwiseDrafter(target, medusa),
                      medusa.num_heads))
@@ -143,6 +152,26 @@ def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4, glide=N
     return [autoregressive(target, sampler, max_new_tokens, **path)] + [
         speculative(target, drafter, length, sampler, max_new_tokens, name=name, **path)
         for name, drafter, length in rows]
+
+
+def eagle3_rows(pair, eagle, heads: dict, sampler, max_new_tokens, k=4, vocab=None, **path):
+    """EAGLE against EAGLE-3 (`specbook.eagle3`): each as a chain of ``k`` and as EAGLE-2's dynamic tree, then a chain
+    for every other EAGLE-3 head of ``heads`` (name -> head; the first is the built-in one: ablations such as no
+    training-time test, or the top layer's feature alone), and, given ``vocab`` (a number of tokens), the first
+    head's chain with that reduced draft vocabulary. ``path`` as for `family`."""
+    target, dynamic = pair.target, EAGLE2_TREE
+    (name, head), *others = heads.items()
+    rows = [("EAGLE, chain", EagleDrafter(target, eagle), k),
+            (f"EAGLE-2, dynamic {dynamic.nodes}-node tree", EagleDrafter(target, eagle, tree=dynamic), dynamic.depth),
+            (f"{name}, chain", Eagle3Drafter(target, head), k),
+            (f"{name}, dynamic {dynamic.nodes}-node tree", Eagle3Drafter(target, head, tree=dynamic), dynamic.depth)]
+    rows += [(f"{other}, chain", Eagle3Drafter(target, other_head), k) for other, other_head in others]
+    if vocab is not None:
+        rows.append((f"{name}, chain, {vocab}-token draft vocabulary",
+                     Eagle3Drafter(target, head.with_vocabulary(vocab)), k))
+    return [autoregressive(target, sampler, max_new_tokens, **path)] + [
+        speculative(target, drafter, length, sampler, max_new_tokens, name=row, **path)
+        for row, drafter, length in rows]
 
 
 def multi_token(mtp_target, heads, sampler, max_new_tokens, **path):

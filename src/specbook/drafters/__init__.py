@@ -1,13 +1,14 @@
 """Drafters: everything that proposes tokens for the target to verify.
 
 Every drafter implements the one `Drafter` interface, so the verifier in `specbook.decoding`
-is written once: a model drafter, n-gram / prompt-lookup drafters, tree drafters, Medusa and EAGLE heads,
+is written once: a model drafter, n-gram / prompt-lookup drafters, tree drafters, Medusa, EAGLE and EAGLE-3 heads,
 lookahead decoding, self-speculative decoding, blockwise parallel decoding, Ouroboros, GliDe with CaPE.
 """
 
 from .base import Draft, Drafter
 from .blockwise import BlockwiseDrafter
 from .eagle import EagleDrafter
+from .eagle3 import Eagle3Drafter
 from .early_exit import SelfSpeculativeDrafter
 from .glide import CaPE, GlideDrafter
 from .lookahead import LookaheadDrafter
@@ -17,6 +18,6 @@ from .ngram import LookupDrafter, NGramDrafter, NGramStorage, PromptLookupDrafte
 from .ouroboros import OuroborosDrafter
 from .tree import SampledTreeDrafter, TopKTreeDrafter
 
-__all__ = ["BlockwiseDrafter", "CaPE", "Draft", "Drafter", "EagleDrafter", "GlideDrafter", "LookaheadDrafter", "LookupDrafter", "MedusaDrafter", "ModelDrafter",
+__all__ = ["BlockwiseDrafter", "CaPE", "Draft", "Drafter", "Eagle3Drafter", "EagleDrafter", "GlideDrafter", "LookaheadDrafter", "LookupDrafter", "MedusaDrafter", "ModelDrafter",
            "NGramDrafter", "NGramStorage", "OuroborosDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "SelfSpeculativeDrafter",
            "TopKTreeDrafter"]

@@ -57,7 +57,9 @@ class Drafter:
     after the final norm, the input of its LM head (`specbook.models.target_features`). The engine
     then runs the target's base model and LM head separately, and calls ``observe_features`` with
     the features of every position it commits. Other drafters leave it False and the engine calls
-    the target as usual.
+    the target as usual. ``feature_layers`` says which hidden states: indices into Hugging Face's
+    ``hidden_states`` (0 the embeddings, l the output of the first l layers, -1 the features), handed
+    over side by side (`specbook.models.read_features`); EAGLE-3 reads a low, a middle and a high layer.
 
     ``uses_target_cache = True`` asks for the target's KV cache (GliDe's cross-attention reads it): the
     engine then feeds the prompt to the target before drafting, as for features, and calls
@@ -65,6 +67,7 @@ class Drafter:
     """
 
     uses_features = False
+    feature_layers = (-1,)  # with uses_features: which hidden states, side by side
     uses_target_cache = False
 
     @property
@@ -113,7 +116,8 @@ class Drafter:
         target (the n-gram filler) overrides this; the default ignores it."""
 
     def observe_features(self, features: torch.Tensor) -> None:
-        """Only for ``uses_features``: the target's features (n, hidden) at newly committed positions, in order.
+        """Only for ``uses_features``: the target's features (n, hidden) at newly committed positions, in order
+        (n, len(feature_layers) * hidden for several layers).
 
         After ``start``, the prompt's positions 0 .. T - 2 (every token but the pending last one;
         not called for a one-token prompt). After each step, following ``update`` and

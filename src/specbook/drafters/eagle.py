@@ -74,6 +74,10 @@ class EagleDrafter(Drafter):
     def observe_features(self, features):
         self.features.append(features)
 
+    def logits(self, predicted):
+        """The draft's logits (..., vocab) from predicted features (..., hidden): the target's LM head on them."""
+        return self.lm_head(predicted)
+
     def _feed(self, features, tokens, **inputs):
         """Feed pairs (features (n, hidden), tokens (n,)) on top of the cache; their predicted features (n, hidden)."""
         self.calls += 1
@@ -99,7 +103,7 @@ class EagleDrafter(Drafter):
             if tokens:  # the pair (f̂, last draft) predicts the next feature; the last draft is never fed
                 predicted = self._feed(predicted, tokens[-1][None])  # (1, hidden)
                 self.fed += 1
-            logits = self.lm_head(predicted[0])  # (vocab,)
+            logits = self.logits(predicted[0])  # (vocab,)
             step_probs = sampler.probs(logits)  # (vocab,): the warped p, what verification uses
             tokens.append(sampler.sample(step_probs, generator))
             probs.append(step_probs)
@@ -113,7 +117,7 @@ class EagleDrafter(Drafter):
             level = [node for node, node_depth in enumerate(tree.depths) if node_depth == depth]  # contiguous
             parent_rows = [tree.parents[node] + 1 for node in level]  # rows of predicted: 0 the root, i + 1 node i
             ranks = torch.tensor([tree.ranks[node] for node in level], device=predicted.device)
-            ranked = self.lm_head(predicted[parent_rows]).topk(int(ranks.max()) + 1).indices  # (m, max rank + 1)
+            ranked = self.logits(predicted[parent_rows]).topk(int(ranks.max()) + 1).indices  # (m, max rank + 1)
             tokens.append(ranked.gather(1, ranks[:, None])[:, 0])
             if depth < tree.depth:  # feed this level, each node paired with its parent's predicted feature
                 inputs = tree_model_inputs(tree.parents[: level[-1] + 1], self.cache.get_seq_length() - self.fed - 1,
@@ -133,9 +137,9 @@ class EagleDrafter(Drafter):
             parent_rows = [parent + 1 for parent in fed_parents[-len(tokens):]]
             features = self._feed(predicted[parent_rows], tokens, **inputs)  # (m, hidden)
             predicted, self.fed = torch.cat([predicted, features]), len(fed_parents)
-            return self.lm_head(features).float().log_softmax(-1)
+            return self.logits(features).float().log_softmax(-1)
 
-        tokens, parents, _ = grow_dynamic_tree(self.lm_head(predicted[0]).float().log_softmax(-1), feed, self.tree, k)
+        tokens, parents, _ = grow_dynamic_tree(self.logits(predicted[0]).float().log_softmax(-1), feed, self.tree, k)
         return Draft(tokens, parents=parents)
 
     def update(self, num_accepted, next_token, path=None):

@@ -18,7 +18,8 @@ depends on the weights of the book's trained pair.
 Tests and tools can ask for the verdict instead of the printout: ``check_residual.outcome(fn)``
 returns an :class:`Outcome` (passed, message). `CHECKS` lists every checker by name. One module
 per chapter holds its checkers (`ch01` … `ch07`, `ch04b`, `ch06b`, `ch06c`; chapter 6's are split between `ch06`,
-building a tree, and `ch06_verification`, verifying one); `core` holds the machinery they share and `tiny` the tiny
+building a tree, and `ch06_verification`, verifying one, chapter 6b's between `ch06b` and `ch06b_eagle3`, EAGLE-3's
+mask and vocabulary); `core` holds the machinery they share and `tiny` the tiny
 models of the decoding exercises.
 
 Notation as everywhere in the book: q is the target's distribution (`target_probs`), p the
@@ -40,6 +41,7 @@ from .ch05 import check_fresh_draw_output, check_heuristic_next_k, check_ngram_d
 from .ch06 import check_medusa_tree, check_tree_mask, check_tree_position_ids
 from .ch06_verification import check_no_residual_output, check_tree_tokens_per_call, check_verify_tree_greedily
 from .ch06b import check_collect_ngrams, check_jacobi_step, check_self_speculative_speedup, check_window_parents
+from .ch06b_eagle3 import check_draft_distribution, check_ttt_mask
 from .ch06c import check_blockwise_accept, check_cape_siblings, check_multi_token_loss, check_phrases_after
 from .ch07 import check_accept_rows, check_batch_k, check_left_pad, check_row_positions
 from .core import FAIL, PASS, Case, Check, Outcome
@@ -56,6 +58,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     check_tree_mask, check_tree_position_ids, check_medusa_tree, check_verify_tree_greedily,
     check_no_residual_output, check_tree_tokens_per_call,
     check_jacobi_step, check_window_parents, check_collect_ngrams, check_self_speculative_speedup,
+    check_ttt_mask, check_draft_distribution,
     check_blockwise_accept, check_multi_token_loss, check_cape_siblings, check_phrases_after,
     check_left_pad, check_row_positions, check_accept_rows, check_batch_k,
 )}

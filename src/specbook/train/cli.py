@@ -9,19 +9,21 @@ from pathlib import Path
 
 import torch
 
+from ..eagle3 import TTT_STEPS, Eagle3Head
 from ..heads import EagleHead, ExitHead, MedusaHeads
 from ..mtp import MAX_TOKENS, MultiTokenHeads
 from .card import write_card
 from .corpus import build_corpus, encode_file, heldout_prompts, train_tokenizer
 from .glide import train_glide
-from .heads import compare_mtp, eagle_loss, exit_loss, medusa_loss, save_head, train_head, train_mtp
+from .heads import compare_mtp, eagle3_loss, eagle_loss, exit_loss, medusa_loss, save_head, train_head, train_mtp
 from .loop import TrainConfig, copy_losses, evaluate, train_model
 from .models import MODEL_CONFIGS, blend, grow, load_trained, model_shape, new_model, save_model
 
 
 DESCRIPTION = "Reproducible training of the built-in Shakespeare model pair."
 EXIT_LAYER = 1  # the exit with the best modelled speedup on the built-in target (its training.json, "exit_layers")
-STAGES = ("corpus", "tokenizer", "target", "copy", "draft", "medusa", "eagle", "exit", "glide", "mtp", "card")
+STAGES = ("corpus", "tokenizer", "target", "copy", "draft", "medusa", "eagle", "eagle3", "exit", "glide", "mtp",
+          "card")
 
 
 def main(argv=None):
@@ -40,6 +42,16 @@ def main(argv=None):
     parser.add_argument("--medusa-steps", type=int, default=300)
     parser.add_argument("--medusa-heads", type=int, default=4, help="how many Medusa heads (default: %(default)s)")
     parser.add_argument("--eagle-steps", type=int, default=500)
+    parser.add_argument("--eagle3-steps", type=int, default=500, help="EAGLE-3's steps (default: EAGLE's budget)")
+    parser.add_argument("--eagle3-ttt", type=int, default=TTT_STEPS,
+                        help="EAGLE-3's training-time test: steps unrolled on its own outputs, 1 for none "
+                             "(default: %(default)s)")
+    parser.add_argument("--eagle3-layers", default=None,
+                        help="EAGLE-3's feature layers, comma-separated: the residual stream after that many of the "
+                             "target's layers, -1 its features (default: after 2, L/2 and L - 3 of L)")
+    parser.add_argument("--eagle3-name", default="eagle3",
+                        help="the folder of --out the EAGLE-3 head is saved in (another name keeps a variant beside "
+                             "the built-in one; default: %(default)s)")
     parser.add_argument("--exit-layer", type=int, default=EXIT_LAYER,
                         help="the exit head reads the target after this many layers (default: %(default)s)")
     parser.add_argument("--exit-steps", type=int, default=400)
@@ -88,6 +100,12 @@ def main(argv=None):
     if not 2 <= args.mtp_heads <= MAX_TOKENS:
         parser.error(f"--mtp-heads must be in [2, {MAX_TOKENS}]: the next-token head and 1 to {MAX_TOKENS - 1} more, "
                      f"got {args.mtp_heads}")
+    if args.eagle3_ttt < 1:
+        parser.error(f"--eagle3-ttt must be >= 1, got {args.eagle3_ttt}")
+    try:
+        eagle3_layers = [int(layer) for layer in args.eagle3_layers.split(",")] if args.eagle3_layers else None
+    except ValueError:
+        parser.error(f"--eagle3-layers must be comma-separated integers, got {args.eagle3_layers!r}")
     if args.glide_block < 1:
         parser.error(f"--glide-block must be >= 1, got {args.glide_block}")
     if args.target_lr_scale <= 0:
@@ -163,7 +181,7 @@ def main(argv=None):
             state["final"] = evaluate(model, valid_tokens, config, args.device, teacher=target)
             meta = {"config": asdict(config), "hardware": hardware, "distilled": teacher is not None, **state}
             save_model(model, out / name, meta)
-    if stages & {"medusa", "eagle", "exit", "glide", "mtp"}:
+    if stages & {"medusa", "eagle", "eagle3", "exit", "glide", "mtp"}:
         target = load_trained(out / "target", args.device).requires_grad_(False)
     if "medusa" in stages:
         config = TrainConfig(steps=args.medusa_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 3,
@@ -180,6 +198,21 @@ def main(argv=None):
         state = train_head(head, eagle_loss, target, train_tokens, valid_tokens, config, work / "ckpt-eagle",
                            args.device, desc="eagle")
         save_head(head, out / "eagle", {"config": asdict(config), "hardware": hardware, **state})
+    if "eagle3" in stages:
+        config = TrainConfig(steps=args.eagle3_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 10,
+                             ckpt_every=args.ckpt_every)
+        torch.manual_seed(args.seed + 10)  # the head's initial weights
+        token_order = torch.bincount(train_tokens, minlength=target.config.vocab_size).argsort(descending=True,
+                                                                                               stable=True)
+        try:
+            head = Eagle3Head.for_target(target, eagle3_layers, token_order=token_order.tolist())
+        except ValueError as error:
+            parser.error(f"--eagle3-layers: {error}")
+        ckpt_dir = work / f"ckpt-{args.eagle3_name}"
+        state = train_head(head, partial(eagle3_loss, steps=args.eagle3_ttt), target, train_tokens, valid_tokens,
+                           config, ckpt_dir, args.device, desc=args.eagle3_name)
+        save_head(head, out / args.eagle3_name, {"config": asdict(config), "hardware": hardware,
+                                                 "ttt_steps": args.eagle3_ttt, **state})
     if "exit" in stages:
         config = TrainConfig(steps=args.exit_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 7,
                              ckpt_every=args.ckpt_every)

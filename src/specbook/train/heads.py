@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..eagle3 import TTT_STEPS, ttt_predictions
 from ..heads import eagle_predictions, exit_predictions, head_accuracy, medusa_predictions
 from ..mtp import mtp_model, mtp_predictions
 from .loop import _kl, evaluate, train_model
@@ -39,6 +40,20 @@ def eagle_loss(head, target, inputs, targets, noise=0.1, classification_weight=0
     target_probs = lm_head(true).float().softmax(-1)  # (batch, block, vocab)
     draft_logp = lm_head(predicted).float().log_softmax(-1)
     return F.smooth_l1_loss(predicted, true) - classification_weight * (target_probs * draft_logp).sum(-1).mean()
+
+
+def eagle3_loss(head, target, inputs, targets, steps=TTT_STEPS, decay=0.8):
+    """EAGLE-3's loss (Li et al. 2025, Section 3.3): over the training-time test's ``steps`` unrolled steps,
+    sum of decay^j x CrossEntropy(q, p̂_j), step j's draft distribution against the target's q over the same
+    token (both over the head's vocabulary). No feature regression: nothing pulls the head's outputs to the
+    target's features. The weights 0.8^j are the paper's code's.
+    """
+    window = torch.cat([inputs, targets[:, -1:]], 1)  # (batch, block + 1)
+    loss = 0.0
+    for step, (outputs, target_logits) in enumerate(ttt_predictions(head, target, window, steps)):
+        draft_logp = head.lm_head(outputs).float().log_softmax(-1)  # (batch, block - step, draft vocab)
+        loss = loss - decay ** step * (target_logits.softmax(-1) * draft_logp).sum(-1).mean()
+    return loss
 
 
 def exit_loss(head, target, inputs, targets):
