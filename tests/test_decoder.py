@@ -252,3 +252,27 @@ def test_a_count_on_the_device_rolls_back_a_fixed_size_cache_only():
     for other in (DynamicCache(), EncoderDecoderCache(DynamicCache(), DynamicCache())):
         with pytest.raises(ValueError, match="rolls back a static cache only"):
             rollback(other, torch.tensor(1))
+
+
+def test_a_heads_decoder_stack_is_hugging_faces():
+    """EAGLE's head (a one-layer LlamaModel fed inputs_embeds) drafts on the decoder: a prompt of pairs, one pair and
+    a tree's level give Hugging Face's outputs, and a model in training mode keeps Hugging Face's forward."""
+    from specbook.cache import SlotCache, rollback
+    from specbook.heads import EagleHead
+    from specbook.trees import tree_model_inputs
+
+    target = tiny_family_model("llama")
+    head = EagleHead(target.config).eval()
+    features, tokens = torch.randn(1, 12, 32), torch.randn(1, 12, 32)
+    cache, reference = head.new_cache(), new_cache(head.layer)
+    assert isinstance(cache, SlotCache) and decoder_for(head.layer) is not None
+    with torch.inference_mode():
+        for rows in (slice(0, 8), slice(8, 9)):
+            torch.testing.assert_close(head(features[:, rows], tokens[:, rows], cache),
+                                       head(features[:, rows], tokens[:, rows], reference), **CLOSE)
+        inputs = tree_model_inputs([-1, -1, 0], 8, in_cache=1, dtype=torch.float32)  # the root: the ninth pair
+        torch.testing.assert_close(head(features[:, 9:12], tokens[:, 9:12], cache, **inputs),
+                                   head(features[:, 9:12], tokens[:, 9:12], reference, **inputs), **CLOSE)
+        rollback(cache, 3)
+        assert cache.get_seq_length() == 9
+    assert "training mode" in serves(head.train().layer)

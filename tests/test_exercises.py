@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 from IPython.core.inputtransformer2 import TransformerManager
-from transformers import DynamicCache
+from transformers import DynamicCache, LlamaConfig
 
 from specbook import Sampler, autoregressive_generate, exercises, speculative_generate
 from specbook.exercises import CHECKS, FAIL, PASS, Outcome, tiny
@@ -845,6 +845,57 @@ def _phrases_after(tokens, key, phrase_length, count, *, newest_first=True, uniq
     return ordered[:count] if limited else ordered
 
 
+def _ttt_mask(steps, n, *, causal=True, own_chain=True, base_limit=True, flat=False):
+    """The training-time test's mask by hand, or with one of a reader's mistakes."""
+    if flat:
+        return torch.ones(steps * n, steps * n).tril().bool()
+    mask = torch.zeros(steps * n, steps * n, dtype=torch.bool)
+    for query in range(steps):
+        for base in range(n):
+            row = query * n + base
+            if causal:
+                mask[row, : (base + 1 if base_limit or query == 0 else n)] = True
+            mask[row, row] = True
+            if own_chain:
+                for key in range(1, query + 1):
+                    mask[row, key * n + base] = True
+    return mask
+
+
+def _draft_distribution(scores, vocab, target_vocab, *, scatter=True, zeros_outside=True, softmax=True):
+    scores = torch.as_tensor(scores, dtype=torch.float64)
+    probs = scores.softmax(-1) if softmax else scores
+    if not zeros_outside:
+        full = torch.zeros(target_vocab, dtype=torch.float64)
+        full[torch.tensor(vocab)] = scores
+        return full.softmax(-1)
+    out = torch.zeros(target_vocab, dtype=torch.float64)
+    out[torch.tensor(vocab) if scatter else torch.arange(len(vocab))] = probs
+    return out
+
+
+REFERENCES.update({
+    "ttt_mask": _ttt_mask,
+    "draft_distribution": _draft_distribution,
+})
+
+WRONG.update({
+    "ttt_mask": {
+        "causal over the unrolled sequence": lambda steps, n: _ttt_mask(steps, n, flat=True),
+        "later steps blind to step 0": lambda steps, n: _ttt_mask(steps, n, causal=False) | torch.block_diag(
+            torch.ones(n, n).tril().bool(), *[torch.zeros(n, n, dtype=torch.bool)] * (steps - 1)),
+        "later steps see all of step 0": lambda steps, n: _ttt_mask(steps, n, base_limit=False),
+        "only the diagonal of the own chain's blocks": lambda steps, n: _ttt_mask(steps, n, own_chain=False),
+        "transposed": lambda steps, n: _ttt_mask(steps, n).T,
+    },
+    "draft_distribution": {
+        "score 0 outside the vocabulary": lambda *args: _draft_distribution(*args, zeros_outside=False),
+        "row i put at token i": lambda *args: _draft_distribution(*args, scatter=False),
+        "the scores, not their softmax": lambda *args: _draft_distribution(*args, softmax=False),
+        "p over the draft's rows only": lambda scores, vocab, target_vocab: torch.as_tensor(scores).softmax(-1),
+    },
+})
+
 REFERENCES.update({
     "blockwise_accept": _blockwise_accept,
     "multi_token_loss": _multi_token_loss,
@@ -1057,6 +1108,23 @@ CHAPTER_6_MESSAGES = [  # (checker, wrong answer, what its message must say)
 ]
 
 
+def test_the_eagle3_references_are_the_packages():
+    """`ttt_mask` is the mask training uses (as a float mask) and the draft distribution is the softmax of
+    `Eagle3Head.logits`."""
+    from specbook.eagle3 import Eagle3Head, _block_mask, ttt_mask
+    from specbook.exercises.ch06b_eagle3 import draft_distribution_reference
+
+    for case in CHECKS["ttt_mask"].cases():
+        steps, n = case.args
+        assert torch.equal(_block_mask(steps, n, torch.float32, "cpu")[0, 0] == 0, ttt_mask(steps, n))
+    head = Eagle3Head(LlamaConfig(vocab_size=12, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=16), (1,)).with_vocabulary([7, 2, 9])
+    hidden = torch.randn(8)
+    scores = head.lm_head(hidden).double()
+    torch.testing.assert_close(head.logits(hidden).double().softmax(-1),
+                               draft_distribution_reference(scores, head.vocab.tolist(), 12))
+
+
 @pytest.mark.parametrize("name, label, phrase", CHAPTER_6_MESSAGES, ids=[f"{n}: {w}" for n, w, _ in CHAPTER_6_MESSAGES])
 def test_messages_name_the_mistakes_of_chapter_6(name, label, phrase):
     message = CHECKS[name].outcome(WRONG[name][label]).message
@@ -1127,6 +1195,13 @@ CHAPTER_6B_MESSAGES = [  # (checker, wrong answer, what its message must say)
     ("self_speculative_speedup", "the overhead once per step", "once per step"),
     ("self_speculative_speedup", "K + 1 draft calls", "K + 1 draft calls"),
     ("self_speculative_speedup", "the closed form, 0/0 at alpha = 1", "0/0"),
+    ("ttt_mask", "causal over the unrolled sequence", "chains of other bases"),
+    ("ttt_mask", "later steps blind to step 0", "must see step 0's keys"),
+    ("ttt_mask", "later steps see all of step 0", "the future at test time"),
+    ("ttt_mask", "transposed", "transposed"),
+    ("draft_distribution", "score 0 outside the vocabulary", "-inf"),
+    ("draft_distribution", "row i put at token i", "vocab[i]"),
+    ("draft_distribution", "the scores, not their softmax", "Take the softmax"),
 ]
 
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specbook.cache import new_cache
+from specbook.cache import SlotCache, new_cache
 from specbook.decoding import autoregressive_generate, speculative_generate
 from specbook.drafters import Draft, EagleDrafter, MedusaDrafter, ModelDrafter, TopKTreeDrafter
 from specbook.bench import acceptance
@@ -14,13 +14,14 @@ from specbook.models import target_features
 from specbook.models import assets_dir
 from specbook.policies import ConfidenceStop, HeuristicK
 from specbook.sampling import Sampler
-from specbook.train.card import heads_section
+from specbook.eagle3 import Eagle3Head
+from specbook.train.card import eagle3_section, heads_section
 from specbook.trees import DynamicTree
 from specbook.train.cli import main
 from specbook.train.heads import eagle_loss, medusa_loss, train_head
 from specbook.train.loop import TrainConfig
 
-from support import SAMPLERS, chi_square_p_value, tiny_model
+from support import SAMPLERS, cached_layers, chi_square_p_value, tiny_model
 
 PROMPT = torch.tensor([[3, 14, 15, 9, 2, 6, 5]])
 KINDS = ["medusa-chain", "medusa-tree", "eagle-chain", "eagle-tree", "eagle-dynamic"]
@@ -179,9 +180,10 @@ def test_the_eagle_cache_holds_the_true_features_of_the_committed_tokens(target,
     with torch.no_grad():
         features = target_features(target, sequence)
         heads.eagle(features[:, :length], target.get_input_embeddings()(sequence[:, 1:length + 1]), fresh)
-    for kept, expected in zip(drafter.cache.layers, fresh.layers):
-        torch.testing.assert_close(kept.keys, expected.keys, atol=1e-5, rtol=0)
-        torch.testing.assert_close(kept.values, expected.values, atol=1e-5, rtol=0)
+    assert isinstance(drafter.cache, SlotCache)  # the head drafts on the package's decoder; the reference is HF's
+    for (keys, values), (expected_keys, expected_values) in zip(cached_layers(drafter.cache), cached_layers(fresh)):
+        torch.testing.assert_close(keys, expected_keys, atol=1e-5, rtol=0)
+        torch.testing.assert_close(values, expected_values, atol=1e-5, rtol=0)
 
 
 # --- lossless under sampling, and a broken variant that the test catches
@@ -304,7 +306,7 @@ def test_a_drafter_built_on_another_target_is_refused(target, heads):
 
 # --- the training stages and the model card's section, end to end on a tiny target
 
-def test_train_stages_and_card_section(tmp_path):
+def test_train_stages_and_card_section(tmp_path, capsys):
     out, work = tmp_path / "out", tmp_path / "work"
     out.mkdir()
     work.mkdir()
@@ -326,3 +328,18 @@ def test_train_stages_and_card_section(tmp_path):
     valid = torch.randint(0, 2048, (600,))
     section = heads_section(out, SimpleNamespace(target=target, draft=target), [PROMPT], valid)
     assert "| Medusa head 1 | token t + 3 from f_t |" in section and "| EAGLE, 16-node tree |" in section
+    assert "Not trained yet" in eagle3_section(out, None, [], None)
+    main(["--work", str(work), "--out", str(out), "--stages", "eagle3", "--eagle3-steps", "2", "--eagle3-ttt", "2",
+          "--eagle3-layers", "1,-1", "--device", "cpu"])
+    record = json.loads((out / "eagle3" / "training.json").read_text())
+    assert record["step"] == 2 and record["ttt_steps"] == 2 and len(record["log"][-1]["top1"]) == 3
+    head = Eagle3Head.from_pretrained(out / "eagle3", target)
+    assert head.feature_layers == (1, -1) and len(head.token_order) == 2048
+    section = eagle3_section(out, SimpleNamespace(target=target), [PROMPT], valid)
+    assert "| 2 | token t + 4 |" in section and "| EAGLE-3, dynamic 16-node tree |" in section
+    for bad, message in ((["--eagle3-ttt", "0"], "--eagle3-ttt must be >= 1"),
+                         (["--eagle3-layers", "1,x"], "comma-separated integers"),
+                         (["--eagle3-layers", "5"], "feature_layers must hold indices in")):
+        with pytest.raises(SystemExit):
+            main(["--work", str(work), "--out", str(out), "--stages", "eagle3", *bad])
+        assert message in capsys.readouterr().err

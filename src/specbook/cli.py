@@ -239,8 +239,9 @@ def main(argv=None):
                      help="--suite family: every row on the GPU path (the static cache, its calls replayed as CUDA "
                           "graphs; off a GPU the CPU's stand-in for graphs, which checks exactness, not speed)")
     ben.add_argument("--eagle3-variants", default=None,
-                     help="--suite eagle3: a folder of EAGLE-3 heads trained otherwise (python -m specbook.train "
-                          "--stages eagle3 --eagle3-name ...), each compared with the built-in one")
+                     help="--suite eagle3: a folder of EAGLE-3 heads trained otherwise, one a subfolder (python -m "
+                          "specbook.train --stages eagle3 --eagle3-dir FOLDER/NAME ...), each compared with the "
+                          "built-in one")
     ben.add_argument("--eagle3-vocab", type=_positive_int, default=512,
                      help="--suite eagle3: the reduced draft vocabulary's size, the most frequent tokens of the "
                           "training text (default: %(default)s)")

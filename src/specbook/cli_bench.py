@@ -185,28 +185,37 @@ def run_family(pair, args, path):
         print(f"written to {args.json}", file=sys.stderr)
 
 
+ALPHA_POSITIONS = 6  # the eagle3 suite measures α at draft positions 1 .. 6
+
+
 def eagle3_heads(pair, variants=None) -> dict:
-    """The EAGLE-3 heads to compare, by label: the built-in one first, then every head saved in a folder of
-    ``variants`` (``python -m specbook.train --stages eagle3 --eagle3-name ...``), labelled by what sets it apart:
-    its feature layers and its training-time test's steps (its training.json's ``ttt_steps``)."""
+    """The EAGLE-3 heads to compare, by label: the built-in one, "EAGLE-3", then every head saved in a folder of
+    ``variants`` (``python -m specbook.train --stages eagle3 --eagle3-dir ...``), labelled by what sets it apart
+    from the built-in one: its feature layers, or its training-time test's steps (training.json's ``ttt_steps``)."""
     folders = [assets_dir(pair.name) / "eagle3"]
     if variants is not None:
         folders += sorted(folder for folder in Path(variants).iterdir() if (folder / "config.json").is_file())
-    heads = {}
+    heads, built_in = {}, None
     for folder in folders:
         head = Eagle3Head.from_pretrained(folder, pair.target)
-        steps = json.loads((folder / "training.json").read_text()).get("ttt_steps")
-        layers = "the features alone" if head.feature_layers == (-1,) else \
-            "layers " + ", ".join(map(str, head.feature_layers))
-        test = "no training-time test" if steps == 1 else f"{steps}-step training-time test"
-        heads[f"EAGLE-3 ({layers}; {test})"] = head
+        head.ttt_steps = json.loads((folder / "training.json").read_text()).get("ttt_steps")
+        built_in = built_in or head
+        differences = []
+        if head.feature_layers != built_in.feature_layers:
+            differences.append("on the features alone" if head.feature_layers == (-1,) else
+                               "on layers " + ", ".join(map(str, head.feature_layers)))
+        if head.ttt_steps != built_in.ttt_steps:
+            differences.append("without training-time test" if head.ttt_steps == 1 else
+                               f"with a {head.ttt_steps}-step training-time test")
+        heads[" ".join(["EAGLE-3"] + differences) if head is built_in or differences else f"EAGLE-3 ({folder.name})"] \
+            = head
     return heads
 
 
 def run_eagle3(pair, args, path):
     """EAGLE against EAGLE-3 (`specbook.suites.eagle3_rows`), greedy and sampled, on every kind of text: the built-in
     heads, the EAGLE-3 variants saved under --eagle3-variants, and the built-in EAGLE-3 with a reduced vocabulary of
-    --eagle3-vocab tokens; and α at each of --k draft positions of a chain for every head
+    --eagle3-vocab tokens; and α at each of the first `ALPHA_POSITIONS` draft positions of a chain for every head
     (`specbook.bench.acceptance_by_position`) on all the prompts. One row per method, category and sampling, as in
     the family suite, written as JSON."""
     import pandas as pd
@@ -220,8 +229,8 @@ def run_eagle3(pair, args, path):
                 (name, Eagle3Drafter(pair.target, head)) for name, head in heads.items()] + [
                 (f"{next(iter(heads))}, {args.eagle3_vocab}-token draft vocabulary",
                  Eagle3Drafter(pair.target, next(iter(heads.values())).with_vocabulary(args.eagle3_vocab)))]:
-            measured = acceptance_by_position(pair.target, drafter, prompts, args.max_new_tokens, args.k, sampler,
-                                              args.seed)
+            measured = acceptance_by_position(pair.target, drafter, prompts, args.max_new_tokens, ALPHA_POSITIONS,
+                                              sampler, args.seed)
             positions.setdefault(name, {})[sampling] = measured
             print(f"{sampling}, {name}: α by position " + " ".join(f"{alpha:.2f}" if alpha is not None else "-"
                                                                 for alpha in measured["alpha_by_position"]))
@@ -233,8 +242,8 @@ def run_eagle3(pair, args, path):
     print(f"speedup over autoregressive decoding, {machine()}, {in_words(path)}, "
           f"{args.max_new_tokens} new tokens, {args.repeats} repeats")
     if args.json:
-        training = {name: {"feature_layers": list(head.feature_layers), "draft_vocab": len(head.vocab)}
-                    for name, head in heads.items()}
+        training = {name: {"feature_layers": list(head.feature_layers), "ttt_steps": head.ttt_steps,
+                           "draft_vocab": len(head.vocab)} for name, head in heads.items()}
         results = {"machine": machine(), **path, "k": args.k, "max_new_tokens": args.max_new_tokens,
                    "repeats": args.repeats, "sampled_temperature": _samplings(args)["sampled"].temperature,
                    "heads": training, "alpha_by_position": positions,

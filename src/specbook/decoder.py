@@ -26,6 +26,10 @@ It serves the families whose layers are Llama's: Llama (with llama3 rotary scali
 applies them). `serves` says why another model keeps Hugging Face's forward; float32 logits agree with it
 to about 1e-5 (tested on every served family).
 
+It runs a bare decoder stack too (``LlamaModel``, ``Qwen2Model``, ...: no LM head), fed ``inputs_embeds``
+and returning the final norm's output, which is how EAGLE's and EAGLE-3's one-layer heads draft
+(`specbook.heads.EagleHead`): at batch one a head's call is mostly launch overhead as well.
+
 Its cache is `specbook.cache.SlotCache`: one buffer of keys and values for all layers and one length on
 the device. A call on n tokens writes them at slots length..length + n - 1; a token tree may give its
 own positions and mask (`specbook.trees`), for rows that are slots but not positions.
@@ -37,13 +41,13 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .cache import SlotCache, attention_windows, new_cache
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 CLASSES = {f"{name}{kind}" for name in ("Llama", "Mistral", "Qwen2", "Qwen3")
-           for kind in ("ForCausalLM", "DecoderLayer")}  # exactly these: a subclass may compute more
+           for kind in ("ForCausalLM", "Model", "DecoderLayer")}  # exactly these: a subclass may compute more
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # tables that depend on the position only
 
 
@@ -52,15 +56,20 @@ def _rope_type(config) -> str:
     return parameters.get("rope_type", parameters.get("type", "default"))
 
 
+def _stack(model):
+    """The decoder stack of ``model``: its ``model`` (a causal LM's), or ``model`` itself (a bare stack)."""
+    return getattr(model, "model", model)
+
+
 def serves(model) -> str | None:
     """None where `Decoder` reproduces ``model``'s forward, else why it does not (Hugging Face's runs then)."""
-    if type(model).__name__ not in CLASSES:
-        return f"{type(model).__name__} (served: the causal LMs of {', '.join(FAMILIES)})"
-    config = model.config
-    layers = {type(layer).__name__ for layer in model.model.layers}
+    if type(model).__name__ not in CLASSES or type(model).__name__.endswith("DecoderLayer"):
+        return f"{type(model).__name__} (served: the causal LMs and decoder stacks of {', '.join(FAMILIES)})"
+    config, stack = model.config, _stack(model)
+    layers = {type(layer).__name__ for layer in stack.layers}
     if not layers <= CLASSES:
         return f"layers of another kind ({', '.join(sorted(layers - CLASSES))})"
-    attention = model.model.layers[0].self_attn
+    attention = stack.layers[0].self_attn
     if len({module.bias is None for module in (attention.q_proj, attention.k_proj, attention.v_proj)}) > 1:
         return "biases on some of q, k and v only"
     if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "mlp_bias", False):
@@ -76,7 +85,7 @@ def serves(model) -> str | None:
         if getattr(hook, "__name__", None) != "output_capturing_hook"]  # transformers' own, idle unless asked
     if hooked:
         return f"forward hooks on {hooked[0]}, which this forward would not call"
-    others = {type(module).__name__ for layer in model.model.layers for module in (
+    others = {type(module).__name__ for layer in stack.layers for module in (
         layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
         layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj) if type(module) is not torch.nn.Linear}
     if others:
@@ -122,14 +131,16 @@ def _fuse(modules) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 class Decoder:
-    """``model``'s forward (a served Llama-family causal LM) over a `SlotCache`, from the model's own weights.
+    """``model``'s forward (a served Llama-family causal LM or decoder stack) over a `SlotCache`, from the model's
+    own weights.
 
     Called like the model: ``decoder(input_ids, past_key_values=cache, logits_to_keep=n,
     output_hidden_states=True)`` returns ``logits`` (1, keep, vocab) and, when asked, ``hidden_states`` as Hugging
     Face's model gives them, each (1, n, hidden): the embeddings, the output of each layer but the last, and
     the features, the final norm's output, the input of the LM head. A tree's
     call also passes ``position_ids`` (1, n) and ``attention_mask`` (1, 1, n, length + n), float, as for
-    Hugging Face's model (`specbook.trees.tree_model_inputs`).
+    Hugging Face's model (`specbook.trees.tree_model_inputs`). A bare stack is called with ``inputs_embeds``
+    (1, n, hidden) in place of ``input_ids`` and returns ``last_hidden_state``, the features (1, n, hidden).
     """
 
     def __init__(self, model):
@@ -143,7 +154,8 @@ class Decoder:
         self.eps = config.rms_norm_eps
         self.windows = attention_windows(config)
         self.layers = []
-        for layer in model.model.layers:
+        stack = _stack(model)
+        for layer in stack.layers:
             attention, mlp = layer.self_attn, layer.mlp
             qkv, qkv_bias = _fuse([attention.q_proj, attention.k_proj, attention.v_proj])
             gate_up, _ = _fuse([mlp.gate_proj, mlp.up_proj])
@@ -153,8 +165,9 @@ class Decoder:
                 head_norms=[norm.weight for norm in norms] if norms[0] is not None else None,
                 o=attention.o_proj.weight, o_bias=attention.o_proj.bias,
                 post_norm=layer.post_attention_layernorm.weight, gate_up=gate_up, down=mlp.down_proj.weight))
-        self.embedding = model.model.embed_tokens.weight
-        self.norm, self.head = model.model.norm.weight, model.lm_head.weight
+        self.embedding = stack.embed_tokens.weight
+        self.norm = stack.norm.weight
+        self.head = model.lm_head.weight if stack is not model else None  # a bare stack returns the features
         self.pointers = self._pointers()
         self.rotary = self.embedding.new_zeros(0, 2, self.head_dim)
 
@@ -166,15 +179,16 @@ class Decoder:
             return
         length = min(max(length, 2 * self.rotary.shape[0]), self.config.max_position_embeddings)
         positions = torch.arange(length, device=self.device)[None]
-        cos, sin = self.model.model.rotary_emb(self.embedding[:1], positions)  # (1, length, head_dim)
+        cos, sin = _stack(self.model).rotary_emb(self.embedding[:1], positions)  # (1, length, head_dim)
         half = self.head_dim // 2
         self.rotary = torch.stack([cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)], 1)
 
     def _pointers(self) -> list[int]:
         """Where the model's parameters live: a change (the model moved, or reloaded) makes this decoder stale."""
-        layer = self.model.model.layers[0]
-        return [self.model.model.embed_tokens.weight.data_ptr(), layer.self_attn.q_proj.weight.data_ptr(),
-                layer.mlp.gate_proj.weight.data_ptr(), self.model.lm_head.weight.data_ptr()]
+        stack = _stack(self.model)
+        layer = stack.layers[0]
+        return [stack.embed_tokens.weight.data_ptr(), layer.self_attn.q_proj.weight.data_ptr(),
+                layer.mlp.gate_proj.weight.data_ptr(), stack.norm.weight.data_ptr()]
 
     def current(self) -> bool:
         """Whether this decoder still reads the model's weights (not after ``model.to(...)`` or a reload)."""
@@ -215,14 +229,15 @@ class Decoder:
         out = out.view(heads, n, head_dim).transpose(0, 1).reshape(n, heads * head_dim)
         return F.linear(out, layer.o, layer.o_bias)  # (n, hidden)
 
-    def __call__(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0,
-                 output_hidden_states=False, position_ids=None, attention_mask=None, **unused):
+    def __call__(self, input_ids=None, past_key_values=None, use_cache=True, logits_to_keep=0,
+                 output_hidden_states=False, position_ids=None, attention_mask=None, inputs_embeds=None, **unused):
         cache = past_key_values
         if not isinstance(cache, SlotCache):
             raise ValueError(f"Decoder runs over a SlotCache (decoder.new_cache(length); got {type(cache).__name__})")
-        if input_ids.shape[0] != 1:
-            raise ValueError(f"Decoder decodes one sequence (input_ids (1, n); got {tuple(input_ids.shape)})")
-        n = input_ids.shape[1]
+        inputs = input_ids if inputs_embeds is None else inputs_embeds
+        if inputs.shape[0] != 1:
+            raise ValueError(f"Decoder decodes one sequence (inputs (1, n, ...); got {tuple(inputs.shape)})")
+        n = inputs.shape[1]
         slots = cache.claim(n)  # (n,)
         self._tables(cache.max_length)  # a cache that grew
         if position_ids is None:
@@ -234,7 +249,7 @@ class Decoder:
             masks = {window: mask.repeat(groups, 1) for window, mask in masks.items()}  # (G * n, length)
         rotary = self.rotary[positions]  # (n, 2, d)
         cos, sin = rotary[:, :1], rotary[:, 1:]  # (n, 1, d) each
-        x = F.embedding(input_ids[0], self.embedding)  # (n, hidden)
+        x = F.embedding(input_ids[0], self.embedding) if inputs_embeds is None else inputs_embeds[0]  # (n, hidden)
         states = [x]  # the residual stream after 0, 1, ... layers: references, no copies
         for index, (layer, window) in enumerate(zip(self.layers, self.windows)):
             x = x + self._attend(layer, x, cache, index, slots, cos, sin, masks[window])
@@ -242,6 +257,8 @@ class Decoder:
             x = x + F.linear(F.silu(gate) * up, layer.down)
             states.append(x)
         features = self._rms_norm(x, self.norm)  # (n, hidden)
+        if self.head is None:  # a bare stack
+            return BaseModelOutputWithPast(last_hidden_state=features[None], past_key_values=cache)
         kept = features[-logits_to_keep:] if isinstance(logits_to_keep, int) else features[logits_to_keep]
         logits = F.linear(kept, self.head)  # (keep, vocab)
         return CausalLMOutputWithPast(logits=logits[None], past_key_values=cache,

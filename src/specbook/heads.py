@@ -40,9 +40,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .decoder import cache_and_forward, forward_over
 from .models import assets_dir, target_features
 
 WITH_HEADS = ("shakespeare",)  # the built-in pairs whose target has trained heads
+HEAD_ROOM = 256  # a head's drafting cache starts with room for this many pairs, and grows
 
 
 def check_hidden_size(head, target) -> None:
@@ -186,16 +188,23 @@ class EagleHead(_Head):
                 **inputs) -> torch.Tensor:
         """Pairs (f_t, e(x_{t+1})), both (batch, n, hidden) -> predicted features f̂_{t+1} (batch, n, hidden).
 
-        ``past_key_values`` (a cache of earlier pairs) and ``inputs`` (a tree's attention_mask and
-        position_ids, `specbook.trees.tree_model_inputs`) go to the layer.
+        ``past_key_values`` (a cache of earlier pairs, `new_cache`) and ``inputs`` (a tree's attention_mask and
+        position_ids, `specbook.trees.tree_model_inputs`) go to the layer: run by the package's decoder over a
+        `SlotCache` (`specbook.decoder`), by Hugging Face's forward otherwise (training, a dynamic cache).
         """
         pairs = self.fc(torch.cat([features, token_embeddings], -1))  # (batch, n, hidden)
-        return self.layer(inputs_embeds=pairs, past_key_values=past_key_values, use_cache=past_key_values is not None,
-                          **inputs).last_hidden_state
+        layer = forward_over(self.layer, past_key_values)
+        return layer(inputs_embeds=pairs, past_key_values=past_key_values, use_cache=past_key_values is not None,
+                     **inputs).last_hidden_state
+
+    def new_cache(self):
+        """An empty KV cache for drafting: a growing `SlotCache` of the package's decoder where it serves the layer
+        (in eval mode, `specbook.decoder.serves`), else a transformers cache."""
+        return cache_and_forward(self.layer, HEAD_ROOM)[0]
 
     @property
     def config(self):
-        """The config of its decoder layer (a one-layer Llama): what `specbook.cache.new_cache` reads."""
+        """The config of its decoder layer (a one-layer Llama)."""
         return self.layer.config
 
     def _config(self):

@@ -26,7 +26,7 @@ Two ways to draft, one for each lossless rule:
 
 import torch
 
-from ..cache import new_cache, rollback
+from ..cache import rollback
 from ..heads import EagleHead, check_hidden_size
 from ..trees import DynamicTree, TreeSpec, grow_dynamic_tree, tree_model_inputs
 from .base import Draft, Drafter
@@ -64,7 +64,7 @@ class EagleDrafter(Drafter):
         return cls(target, EagleHead.from_pretrained(name_or_path, target), tree)
 
     def start(self, input_ids):
-        self.cache = new_cache(self.head.layer)
+        self.cache = self.head.new_cache()
         self.tokens = input_ids[0, 1:]  # (m,): committed tokens x_{t+1} whose pair (f_t, x_{t+1}) is not fed yet
         self.features = []  # their features f_t: the (n, hidden) blocks the engine handed over
         self.proposed = []  # this step's drafts

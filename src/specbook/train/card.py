@@ -51,6 +51,7 @@ def write_card(out, work, log):
         copy_verdict=_copy_verdict(*copying),
     )
     card += heads_section(out, pair, prompts, valid_tokens)
+    card += eagle3_section(out, pair, prompts, valid_tokens)
     card += exit_section(out, pair, prompts, valid_tokens)
     (out / "README.md").write_text(card)
     print(card)
@@ -87,6 +88,32 @@ def heads_section(out, pair, prompts, valid_tokens):
         medusa_heads=medusa_heads.num_heads, medusa_steps=meta["medusa"]["step"], eagle_steps=meta["eagle"]["step"],
         medusa_minutes=meta["medusa"]["seconds"] / 60, eagle_minutes=meta["eagle"]["seconds"] / 60,
         medusa_kb=size_kb["medusa"], eagle_kb=size_kb["eagle"],
+        accuracy_rows="\n".join(accuracy_rows), acceptance_rows="\n".join(acceptance_rows), prompts=len(prompts))
+
+
+def eagle3_section(out, pair, prompts, valid_tokens):
+    """The model card's section on the EAGLE-3 head in ``out``, measured with ``pair``'s target."""
+    if not (out / "eagle3" / "config.json").exists():
+        return "\n## EAGLE-3 head\n\nNot trained yet: `python -m specbook.train --stages eagle3,card`\n"
+    from ..bench import acceptance
+    from ..drafters import Eagle3Drafter
+    from ..eagle3 import Eagle3Head
+    from ..suites import EAGLE2_TREE
+
+    head = Eagle3Head.from_pretrained(out / "eagle3", pair.target)
+    accuracy = head_accuracy(pair.target, head, valid_tokens)
+    accuracy_rows = [f"| {step} | token t + {step + 2} | {top1:.3f} | {top5:.3f} |"
+                     for step, (top1, top5) in enumerate(zip(accuracy["top1"], accuracy["top5"]))]
+    drafters = {"EAGLE-3, chain": Eagle3Drafter(pair.target, head),
+                f"EAGLE-3, dynamic {EAGLE2_TREE.nodes}-node tree": Eagle3Drafter(pair.target, head, tree=EAGLE2_TREE)}
+    acceptance_rows = [f"| {name} | {measured['tokens_per_step']:.2f} | {measured['acceptance_rate']:.3f} |"
+                       for name, measured in ((name, acceptance(pair.target, drafter, prompts))
+                                              for name, drafter in drafters.items())]
+    meta = json.loads((out / "eagle3" / "training.json").read_text())
+    return EAGLE3_CARD.format(
+        steps=meta["step"], minutes=meta["seconds"] / 60, ttt_steps=meta["ttt_steps"],
+        size_kb=(out / "eagle3" / "model.safetensors").stat().st_size / 1e3,
+        layers=", ".join(map(str, head.feature_layers)), target_layers=pair.target.config.num_hidden_layers,
         accuracy_rows="\n".join(accuracy_rows), acceptance_rows="\n".join(acceptance_rows), prompts=len(prompts))
 
 
@@ -206,6 +233,31 @@ target's last hidden state at position t.
 Acceptance along the target's greedy continuations of the {prompts} held-out prompts
 (`specbook.bench.acceptance`, 64 tokens each, k = 4): tokens per target call (accepted drafts + 1)
 and the acceptance rate.
+
+| drafter | tokens per target call | acceptance rate |
+|---|---|---|
+{acceptance_rows}
+"""
+
+
+EAGLE3_CARD = """
+## EAGLE-3 head
+
+EAGLE-3's head (`specbook.eagle3`, Li et al. 2025), trained on the frozen target by the `eagle3` stage
+({steps} steps, {minutes:.0f} min, {size_kb:.0f} kB in float16): it reads the target's residual stream after
+layers {layers} of {target_layers}, fused to one vector, and predicts tokens with an LM head of its own, trained
+without feature regression by a training-time test of {ttt_steps} steps on its own outputs. It borrows the
+target's embedding. Load it with `Eagle3Drafter.from_pretrained("shakespeare", pair.target)`; a reduced
+draft vocabulary with `vocab=512` (the most frequent tokens of the training text).
+
+Teacher-forced accuracy on the held-out plays after each unrolled step (`specbook.heads.head_accuracy`):
+
+| step | predicts | top-1 | top-5 |
+|---|---|---|---|
+{accuracy_rows}
+
+Acceptance along the target's greedy continuations of the {prompts} held-out prompts
+(`specbook.bench.acceptance`, 64 tokens each, k = 4; the tree to depth 5):
 
 | drafter | tokens per target call | acceptance rate |
 |---|---|---|

@@ -49,9 +49,9 @@ def main(argv=None):
     parser.add_argument("--eagle3-layers", default=None,
                         help="EAGLE-3's feature layers, comma-separated: the residual stream after that many of the "
                              "target's layers, -1 its features (default: after 2, L/2 and L - 3 of L)")
-    parser.add_argument("--eagle3-name", default="eagle3",
-                        help="the folder of --out the EAGLE-3 head is saved in (another name keeps a variant beside "
-                             "the built-in one; default: %(default)s)")
+    parser.add_argument("--eagle3-dir", default=None,
+                        help="where the EAGLE-3 head is saved (default: --out/eagle3, the built-in head; another "
+                             "folder keeps a variant for bench --suite eagle3 --eagle3-variants)")
     parser.add_argument("--exit-layer", type=int, default=EXIT_LAYER,
                         help="the exit head reads the target after this many layers (default: %(default)s)")
     parser.add_argument("--exit-steps", type=int, default=400)
@@ -208,11 +208,11 @@ def main(argv=None):
             head = Eagle3Head.for_target(target, eagle3_layers, token_order=token_order.tolist())
         except ValueError as error:
             parser.error(f"--eagle3-layers: {error}")
-        ckpt_dir = work / f"ckpt-{args.eagle3_name}"
+        saved = Path(args.eagle3_dir) if args.eagle3_dir else out / "eagle3"
+        ckpt_dir = work / f"ckpt-{saved.name}"  # one per folder: a variant never resumes another's weights
         state = train_head(head, partial(eagle3_loss, steps=args.eagle3_ttt), target, train_tokens, valid_tokens,
-                           config, ckpt_dir, args.device, desc=args.eagle3_name)
-        save_head(head, out / args.eagle3_name, {"config": asdict(config), "hardware": hardware,
-                                                 "ttt_steps": args.eagle3_ttt, **state})
+                           config, ckpt_dir, args.device, desc=saved.name)
+        save_head(head, saved, {"config": asdict(config), "hardware": hardware, "ttt_steps": args.eagle3_ttt, **state})
     if "exit" in stages:
         config = TrainConfig(steps=args.exit_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 7,
                              ckpt_every=args.ckpt_every)
