@@ -77,7 +77,7 @@ def test_the_family_suite_runs_every_method_on_the_gpu_path(tmp_path, monkeypatc
     results = json.loads(out.read_text())
     assert results["gpu_path"] and graphs.CAPTURE_ON_CPU
     greedy = [row for row in results["rows"] if row["sampling"] == "greedy"]
-    assert len(greedy) == 18 + 2 and all(row["same_tokens"] for row in greedy)
+    assert len(greedy) == 20 + 2 and all(row["same_tokens"] for row in greedy)
 
 
 def test_the_gpu_suite_writes_a_results_file(tmp_path, capsys, monkeypatch):
@@ -112,8 +112,9 @@ def test_the_family_suite_writes_one_row_per_method_category_and_sampling(tmp_pa
     results = json.loads(out.read_text())
     rows = results["rows"]
     assert results["k"] == 4 and {row["k"] for row in rows if row["method"] == "draft model, chain"} == {4}  # the book's K
-    # AR and 17 methods greedy (blockwise among them), 16 sampled; the MTP model and its heads, both ways
-    assert len(rows) == 18 + 17 + 2 * 2
+    # AR and 19 methods greedy (blockwise and EAGLE-3's two among them), 18 sampled; the MTP model and its heads
+    assert len(rows) == 20 + 19 + 2 * 2
+    assert {"EAGLE-3, chain", "EAGLE-3, dynamic 16-node tree"} <= {row["method"] for row in rows}
     assert {row["method"] for row in rows if row["sampling"] == "greedy"} - \
         {row["method"] for row in rows if row["sampling"] == "sampled"} == {"blockwise, blocks of 5"}
     assert {"method", "category", "sampling", "tokens_per_call", "speedup_vs_ar", "same_tokens",
@@ -249,3 +250,31 @@ def test_the_batch_suite_measures_batch_sizes_that_do_not_start_at_one(tmp_path,
     assert policy["batch_size"] == 2 and policy["k"] == results["policy"]["2"] and policy["same_tokens"]
     assert policy["speedup_vs_ar_min"] <= policy["speedup_vs_ar"] <= policy["speedup_vs_ar_max"]
     assert "batch 2: fastest" in capsys.readouterr().out
+
+
+def test_the_eagle3_suite_compares_heads_and_positions(tmp_path, monkeypatch):
+    """bench --suite eagle3: EAGLE and EAGLE-3 as chains and dynamic trees, a variant from --eagle3-variants labelled
+    by what sets it apart, the reduced vocabulary, and α at each of six draft positions for every head."""
+    import json
+
+    from specbook import Eagle3Head, load_pair
+    from specbook.models import assets_dir
+
+    monkeypatch.setenv("SPECBOOK_QUICK_TIMING", "1")
+    variant = tmp_path / "variants" / "no-test"
+    Eagle3Head.from_pretrained("shakespeare", load_pair("shakespeare").target).save(variant)
+    record = json.loads((assets_dir() / "eagle3" / "training.json").read_text())
+    (variant / "training.json").write_text(json.dumps({**record, "ttt_steps": 1}))
+    out = tmp_path / "eagle3.json"
+    main(["bench", "--suite", "eagle3", "--categories", "repetitive", "--max-new-tokens", "8", "--repeats", "1",
+          "--eagle3-variants", str(tmp_path / "variants"), "--eagle3-vocab", "256", "--json", str(out)])
+    results = json.loads(out.read_text())
+    methods = {row["method"] for row in results["rows"]}
+    assert {"EAGLE, chain", "EAGLE-3, chain", "EAGLE-3, dynamic 16-node tree",
+            "EAGLE-3 without training-time test, chain", "EAGLE-3, chain, 256-token draft vocabulary"} <= methods
+    assert all(row["same_tokens"] for row in results["rows"] if row["sampling"] == "greedy")
+    assert set(results["alpha_by_position"]) == {"EAGLE", "EAGLE-3", "EAGLE-3 without training-time test",
+                                                 "EAGLE-3, 256-token draft vocabulary"}
+    assert all(len(measured["alpha_by_position"]) == 6 for head in results["alpha_by_position"].values()
+               for measured in head.values())
+    assert results["heads"]["EAGLE-3 without training-time test"]["ttt_steps"] == 1

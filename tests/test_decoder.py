@@ -276,3 +276,15 @@ def test_a_heads_decoder_stack_is_hugging_faces():
         rollback(cache, 3)
         assert cache.get_seq_length() == 9
     assert "training mode" in serves(head.train().layer)
+
+
+def test_a_decoder_made_in_inference_mode_runs_with_autograd_on():
+    """A model made and first decoded inside inference mode (its weights and the decoder's tables are inference
+    tensors, as a cached test model's may be) serves a later call made with autograd on, as a drafter's ``start``
+    called by hand is: the decoder never records a graph."""
+    ids = torch.randint(0, 90, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        model = tiny_family_model("llama")
+        expected = decoder_for(model)(ids, past_key_values=decoder_for(model).new_cache(16)).logits
+    decoder = decoder_for(model)
+    torch.testing.assert_close(decoder(ids, past_key_values=decoder.new_cache(16)).logits, expected, **CLOSE)

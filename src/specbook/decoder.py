@@ -229,6 +229,7 @@ class Decoder:
         out = out.view(heads, n, head_dim).transpose(0, 1).reshape(n, heads * head_dim)
         return F.linear(out, layer.o, layer.o_bias)  # (n, hidden)
 
+    @torch.no_grad()  # decoding: no autograd, even outside the engine (its tables may be inference tensors)
     def __call__(self, input_ids=None, past_key_values=None, use_cache=True, logits_to_keep=0,
                  output_hidden_states=False, position_ids=None, attention_mask=None, inputs_embeds=None, **unused):
         cache = past_key_values

@@ -44,7 +44,6 @@ from .decoder import cache_and_forward, forward_over
 from .models import assets_dir, target_features
 
 WITH_HEADS = ("shakespeare",)  # the built-in pairs whose target has trained heads
-HEAD_ROOM = 256  # a head's drafting cache starts with room for this many pairs, and grows
 
 
 def check_hidden_size(head, target) -> None:
@@ -188,9 +187,8 @@ class EagleHead(_Head):
                 **inputs) -> torch.Tensor:
         """Pairs (f_t, e(x_{t+1})), both (batch, n, hidden) -> predicted features f̂_{t+1} (batch, n, hidden).
 
-        ``past_key_values`` (a cache of earlier pairs, `new_cache`) and ``inputs`` (a tree's attention_mask and
-        position_ids, `specbook.trees.tree_model_inputs`) go to the layer: run by the package's decoder over a
-        `SlotCache` (`specbook.decoder`), by Hugging Face's forward otherwise (training, a dynamic cache).
+        ``past_key_values`` (earlier pairs, `new_cache`) and ``inputs`` (a tree's mask and positions) go to the layer:
+        the package's decoder runs it over a `SlotCache`, Hugging Face's forward otherwise (training, a dynamic cache).
         """
         pairs = self.fc(torch.cat([features, token_embeddings], -1))  # (batch, n, hidden)
         layer = forward_over(self.layer, past_key_values)
@@ -198,14 +196,8 @@ class EagleHead(_Head):
                      **inputs).last_hidden_state
 
     def new_cache(self):
-        """An empty KV cache for drafting: a growing `SlotCache` of the package's decoder where it serves the layer
-        (in eval mode, `specbook.decoder.serves`), else a transformers cache."""
-        return cache_and_forward(self.layer, HEAD_ROOM)[0]
-
-    @property
-    def config(self):
-        """The config of its decoder layer (a one-layer Llama)."""
-        return self.layer.config
+        """An empty KV cache to draft with: the decoder's growing `SlotCache` where it serves the layer, else HF's."""
+        return cache_and_forward(self.layer, 256)[0]  # room for 256 pairs to start with; it grows
 
     def _config(self):
         config = self.layer.config
