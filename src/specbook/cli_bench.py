@@ -152,13 +152,21 @@ def _rows_by_category(pair, args, groups_for) -> list[dict]:
     return rows
 
 
+def _print_speedups(rows, args, path) -> None:
+    """The speedups of `_rows_by_category`'s rows, a method a row, a sampling and category a column."""
+    import pandas as pd
+
+    print(pd.DataFrame(rows).pivot_table(index="method", columns=["sampling", "category"], values="speedup_vs_ar",
+                                         sort=False).to_string(float_format=lambda x: f"{x:.2f}"))
+    print(f"speedup over autoregressive decoding, {machine()}, {in_words(path)}, "
+          f"{args.max_new_tokens} new tokens, {args.repeats} repeats")
+
+
 def run_family(pair, args, path):
     """Every method on every kind of text (`specbook.suites.family`, with the built-in GliDe draft and its control),
     greedy and sampled (at --temperature, 1 if it is 0), and multi-token prediction against the MTP model's own
     autoregressive decoding (`specbook.suites.multi_token`); one row per method, category and sampling, written as
     JSON. A greedy row whose tokens differ from its baseline's stops the run: exactness is checked, not assumed."""
-    import pandas as pd
-
     heads = _built_in_heads(pair, ("medusa", "eagle", "exit"))
     glide = {part.replace("-", "_"): load_model(pair.name, part, pair.target.device, pair.target.dtype)
              for part in ("glide", "glide-control")}
@@ -171,11 +179,7 @@ def run_family(pair, args, path):
     rows = _rows_by_category(pair, args, lambda sampler: [
         family(pair, *heads, sampler, args.max_new_tokens, args.k, **glide, eagle3=eagle3, **engine),
         multi_token(mtp_target, mtp_heads, sampler, args.max_new_tokens, **engine)])  # its own baseline
-    table = pd.DataFrame(rows)
-    print(table.pivot_table(index="method", columns=["sampling", "category"], values="speedup_vs_ar", sort=False)
-          .to_string(float_format=lambda x: f"{x:.2f}"))
-    print(f"speedup over autoregressive decoding, {machine()}, {in_words(path)}, "
-          f"{args.max_new_tokens} new tokens, {args.repeats} repeats")
+    _print_speedups(rows, args, path)
     if args.json:
         results = {"machine": machine(), **path, "k": args.k, "gpu_path": args.gpu_path,
                    "max_new_tokens": args.max_new_tokens,
@@ -218,8 +222,6 @@ def run_eagle3(pair, args, path):
     --eagle3-vocab tokens; and α at each of the first `ALPHA_POSITIONS` draft positions of a chain for every head
     (`specbook.bench.acceptance_by_position`) on all the prompts. One row per method, category and sampling, as in
     the family suite, written as JSON."""
-    import pandas as pd
-
     eagle = EagleHead.from_pretrained(pair.name, pair.target)
     heads = eagle3_heads(pair, args.eagle3_variants)
     prompts = [pair.encode(text) for category in args.categories for text in CATEGORIES[category]]
@@ -236,11 +238,7 @@ def run_eagle3(pair, args, path):
                                                                 for alpha in measured["alpha_by_position"]))
     rows = _rows_by_category(pair, args, lambda sampler: [
         eagle3_rows(pair, eagle, heads, sampler, args.max_new_tokens, args.k, args.eagle3_vocab)])
-    table = pd.DataFrame(rows)
-    print(table.pivot_table(index="method", columns=["sampling", "category"], values="speedup_vs_ar", sort=False)
-          .to_string(float_format=lambda x: f"{x:.2f}"))
-    print(f"speedup over autoregressive decoding, {machine()}, {in_words(path)}, "
-          f"{args.max_new_tokens} new tokens, {args.repeats} repeats")
+    _print_speedups(rows, args, path)
     if args.json:
         training = {name: {"feature_layers": list(head.feature_layers), "ttt_steps": head.ttt_steps,
                            "draft_vocab": len(head.vocab)} for name, head in heads.items()}
