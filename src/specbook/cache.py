@@ -175,12 +175,14 @@ class SlotCache:
     def rollback(self, num_tokens) -> None:
         self.length.sub_(num_tokens)
 
-    def keep(self, positions: torch.Tensor) -> None:
-        """Keep the slots ``positions`` (m,), increasing, moved to the first m slots."""
+    def keep(self, positions: torch.Tensor, start: int = 0) -> None:
+        """Keep the slots ``positions`` (m,), increasing, moved to slots start .. start + m - 1, after the first
+        ``start`` slots, which stay (a tree's prefix: only the accepted path moves). One gather and one copy for
+        the keys of every layer, one for the values."""
         m = len(positions)
-        for buffer in (self.keys, self.values):
-            buffer[:, :, :m] = buffer.index_select(2, positions)
-        self.length.fill_(m)
+        for buffer in (self.keys, self.values):  # (layers, KV, max_length, d)
+            buffer[:, :, start:start + m] = buffer.index_select(2, positions)
+        self.length.fill_(start + m)
 
 
 def is_static(cache) -> bool:
@@ -239,7 +241,9 @@ def keep_positions(cache, positions) -> None:
                                                       or (positions.diff() <= 0).any())):
         raise ValueError(f"positions must be increasing indices in [0, {length}) (got {positions.tolist()})")
     if isinstance(cache, SlotCache):
-        cache.keep(positions.to(cache.length.device))
+        in_place = positions == torch.arange(len(positions), device=positions.device)
+        unmoved = int(in_place.cumprod(0).sum())  # the leading slots already where they are kept: the prefix
+        cache.keep(positions[unmoved:].to(cache.length.device), unmoved)
         return
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:
