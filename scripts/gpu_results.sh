@@ -11,14 +11,17 @@
 #    autoregressive decoding on both forwards: its "best" names the fastest baseline (fastest_ar);
 # 4. the cost probe at full size (OUT/costs.json: Llama-3.1-8B / 3.2-1B and Qwen2.5-7B / 0.5B, random weights);
 # 5. where a speculative step's time goes on the GPU path (`bench --suite profile`, in the log);
-# 6. only when STEPS names them: the built-in pair in float16, without Hugging Face's rows
-#    (OUT/gpu-builtin-float16.json), and with compiled kernels inside the graphs, without Hugging Face's rows
-#    (OUT/gpu-builtin-compiled.json): its warm-up is compilation, a minute or more.
+# 6. tokens per call and time per step against the size of a token tree on the GPU path (OUT/trees-gpu.json: commit
+#    it as results/trees-gpu.json, for chapter 6's curve);
+# 7. only when STEPS names them: every method of the book on the GPU path (OUT/family-gpu.json, `bench --suite
+#    family --gpu-path`, greedy rows checked against autoregressive decoding), the built-in pair in float16,
+#    without Hugging Face's rows (OUT/gpu-builtin-float16.json), and with compiled kernels inside the graphs,
+#    without Hugging Face's rows (OUT/gpu-builtin-compiled.json): its warm-up is compilation, a minute or more.
 #
 # Each step has a time limit of its own, so a slow step cannot take the others' time; the logs land in OUT/log.txt,
 # the steps' times in OUT/steps.txt.
-# STEPS (default "tests ablation bfloat16 costs profile") picks the steps, in that order; the limits of the
-# default add up to 470 s.
+# STEPS (default "tests ablation bfloat16 costs profile trees") picks the steps, in that order; the limits of the
+# default add up to 515 s.
 # The device lacks altair and the jsonschema stack: wheels found in .whl/ are installed first (see
 # ../shared/GPU.md for the command that downloads them on a machine with a network). Settings from the
 # environment: PYTHON, KS, REPEATS, STEPS, and HF=--no-hf to leave Hugging Face's rows out of step 2.
@@ -30,7 +33,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TQDM_DISABLE=1  # no progress bars in the logs
-ks=${KS:-3,4,5,6} repeats=${REPEATS:-3} python=${PYTHON:-python3} steps=" ${STEPS:-tests ablation bfloat16 costs profile} "
+ks=${KS:-3,4,5,6} repeats=${REPEATS:-3} python=${PYTHON:-python3} steps=" ${STEPS:-tests ablation bfloat16 costs profile trees} "
 started=$SECONDS
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT/log.txt, note its time in OUT/steps.txt
@@ -58,6 +61,10 @@ wanted float16 && step builtin-float16 60 $python -m specbook bench --suite gpu 
     --ks 4,5 --repeats 2 --no-hf --json "$out/gpu-builtin-float16.json"
 wanted profile && step profile 30 $python -m specbook bench --suite profile --device cuda --dtype bfloat16 \
     --ks 3,5 --prompts open
+wanted trees && step trees 45 $python -m specbook bench --suite trees --gpu-path --device cuda --dtype bfloat16 \
+    --categories open,repetitive --max-new-tokens 48 --repeats 2 --json "$out/trees-gpu.json"
+wanted family && step family 150 $python -m specbook bench --suite family --gpu-path --device cuda --dtype bfloat16 \
+    --repeats 1 --json "$out/family-gpu.json"
 wanted compiled && step builtin-compiled 200 $python -m specbook bench --suite gpu --device cuda --dtype bfloat16 \
     --compile --ks 4,5 --repeats 2 --no-hf --json "$out/gpu-builtin-compiled.json"
 echo "all steps: $((SECONDS - started)) s" | tee -a "$out/steps.txt"

@@ -278,3 +278,21 @@ def test_the_eagle3_suite_compares_heads_and_positions(tmp_path, monkeypatch):
     assert all(len(measured["alpha_by_position"]) == 6 for head in results["alpha_by_position"].values()
                for measured in head.values())
     assert results["heads"]["EAGLE-3 without training-time test"]["ttt_steps"] == 1
+
+
+def test_the_trees_suite_times_each_tree_size_on_the_gpu_path(tmp_path, monkeypatch):
+    """bench --suite trees --gpu-path: the chain and the dynamic tree at each size, on the static cache with the
+    graphs' stand-in, every row the baseline's greedy tokens, with its size and its milliseconds per step."""
+    import json
+
+    from specbook import graphs
+    from specbook.suites import TREE_SIZES
+
+    monkeypatch.setenv("SPECBOOK_QUICK_TIMING", "1")
+    monkeypatch.setattr(graphs, "CAPTURE_ON_CPU", False)  # restored after: the command sets it
+    out = tmp_path / "trees.json"
+    main(["bench", "--suite", "trees", "--gpu-path", "--categories", "repetitive", "--max-new-tokens", "10",
+          "--repeats", "1", "--json", str(out)])
+    results = json.loads(out.read_text())
+    assert results["gpu_path"] and [row["tree_nodes"] for row in results["rows"]] == [None, None, *TREE_SIZES]
+    assert all(row["ms_per_step"] > 0 and row["tokens_per_call"] >= 1 for row in results["rows"])

@@ -7,6 +7,7 @@
     python -m specbook bench --suite profile --ks 2,4
     python -m specbook bench --suite family --json results/family.json
     python -m specbook bench --suite eagle3 --eagle3-variants data/eagle3-ablation --json results/eagle3.json
+    python -m specbook bench --suite trees --gpu-path --device cuda --dtype bfloat16 --json results/trees-gpu.json
     python -m specbook generate "To be, or <mask> to be:" --pair shakespeare-seq2seq --trace
     python -m specbook bench --suite seq2seq --ks 2,4,6 --json results/seq2seq.json
     python -m specbook bench --suite batch --batch-sizes 1,2,4,8,16,32 --json results/batch.json
@@ -25,7 +26,7 @@ import torch
 
 from .bench import CATEGORIES
 from .cli_bench import (run_batch, run_costs, run_eagle3, run_family, run_gpu, run_profile, run_seq2seq, run_table,
-                        target_path)
+                        run_trees, target_path)
 from .costs import CPU_SCALE, PAIRS
 from .decoding import autoregressive_generate, speculative_generate
 from .drafters import ModelDrafter
@@ -117,8 +118,8 @@ def bench(args):
                          f"a Hugging Face pair); {pair.name} is decoder-only")
     if args.suite == "gpu":
         return run_gpu(pair, args)
-    runs = {"profile": run_profile, "family": run_family, "eagle3": run_eagle3, "seq2seq": run_seq2seq,
-            "batch": run_batch}
+    runs = {"profile": run_profile, "family": run_family, "eagle3": run_eagle3, "trees": run_trees,
+            "seq2seq": run_seq2seq, "batch": run_batch}
     runs.get(args.suite, run_table)(pair, args, target_path(pair.target))
 
 
@@ -198,7 +199,7 @@ def main(argv=None):
     _add_sampling_options(gen)
     ben = commands.add_parser("bench", help="benchmark AR, speculative (several K) and HF assisted generation")
     ben.add_argument("--suite", choices=["comparison", "ablation", "heads", "gpu", "profile", "family", "eagle3",
-                                         "seq2seq", "batch", "costs"],
+                                         "trees", "seq2seq", "batch", "costs"],
                      default="comparison",
                      help="comparison: AR, speculative for each K, HF assisted (chapter 4); ablation: model "
                           "drafter, EGAG, NASD, prompt lookup (chapter 5); heads: the model drafter as a chain "
@@ -209,7 +210,9 @@ def main(argv=None):
                           "text, greedy and sampled, written with --json (chapter 6, built-in pair only); "
                           "eagle3: EAGLE against EAGLE-3 and its ablations, chains and dynamic trees on every kind "
                           "of text, and alpha at each draft position, written with --json (chapter 6, built-in "
-                          "pair only); "
+                          "pair only); trees: tokens per call and time per step against the size of the draft "
+                          "model's dynamic tree, greedy, on every kind of text (with --gpu-path on the GPU path), "
+                          "written with --json (chapter 6); "
                           "seq2seq: an encoder-decoder pair (default shakespeare-seq2seq) restoring held-out "
                           "passages: the draft on the target's encoder at each K, a draft with its own encoder, "
                           "prompt lookup and HF assisted, greedy and sampled, written with --json (chapter 4b); "
@@ -228,7 +231,7 @@ def main(argv=None):
                      default=[1, 2, 4, 8, 16, 32], help="--suite batch: the batch sizes (default: 1,2,4,8,16,32)")
     ben.add_argument("--prompts", choices=["open", "grounded", "both"], default="both")
     ben.add_argument("--categories", type=lambda text: _choices(text, CATEGORIES), default=list(CATEGORIES),
-                     help=f"--suite family: the kinds of text (default: {','.join(CATEGORIES)})")
+                     help=f"--suite family, eagle3 and trees: the kinds of text (default: {','.join(CATEGORIES)})")
     ben.add_argument("--ks", type=lambda text: [_positive_int(k) for k in text.split(",")], default=[1, 2, 3, 4, 6],
                      help="draft lengths (default: 1,2,3,4,6; the ablation sweeps the model drafter over them "
                           "and gives the lookup drafters the largest; the heads suite uses the largest)")
@@ -236,7 +239,7 @@ def main(argv=None):
                      help="--suite family and eagle3: the draft length of its chains (trees draft to that depth, Ouroboros K + 3; "
                           "default 4, the K chapters 4 to 6c time)")
     ben.add_argument("--gpu-path", action="store_true",
-                     help="--suite family: every row on the GPU path (the static cache, its calls replayed as CUDA "
+                     help="--suite family and trees: every row on the GPU path (the static cache, its calls replayed as CUDA "
                           "graphs; off a GPU the CPU's stand-in for graphs, which checks exactness, not speed)")
     ben.add_argument("--eagle3-variants", default=None,
                      help="--suite eagle3: a folder of EAGLE-3 heads trained otherwise, one a subfolder (python -m "
@@ -251,7 +254,8 @@ def main(argv=None):
     ben.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
                      help="include Hugging Face assisted generation (default: yes)")
     ben.add_argument("--out", help="write the table as CSV")
-    ben.add_argument("--json", help="--suite gpu, family, seq2seq and batch: write the results file (JSON) here")
+    ben.add_argument("--json", help="--suite gpu, family, eagle3, trees, seq2seq and batch: write the results file "
+                                    "(JSON) here")
     ben.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
                      help="pack a CPU target's linear layers once for oneDNN, for every method alike "
                           "(specbook.packed; a packed target keeps Hugging Face's forward); default: load_pair's "

@@ -2,7 +2,7 @@
 
 ``python -m specbook bench --suite NAME`` checks its options, loads the pair and hands it to one of these:
 `run_table` for the chapters' tables (comparison, ablation, heads: `specbook.suites`), then one function per
-suite that records a results file (gpu, family, eagle3, seq2seq, batch, costs) or splits a step's time (profile).
+suite that records a results file (gpu, family, eagle3, trees, seq2seq, batch, costs) or splits a step's time (profile).
 """
 
 import json
@@ -27,7 +27,8 @@ from .mtp import load_mtp
 from .profile import copy_bandwidth, step_profile
 from .sampling import Sampler
 from .spread import show_spreads, spread_of, tie_text
-from .suites import ablation, comparison, eagle3_rows, encoder_decoder, family, heads_and_trees, multi_token
+from .suites import (TREE_SIZES, ablation, comparison, eagle3_rows, encoder_decoder, family, heads_and_trees,
+                     multi_token, tree_name, tree_sizes)
 
 
 def target_path(target) -> dict:
@@ -247,6 +248,40 @@ def run_eagle3(pair, args, path):
                    "heads": training, "alpha_by_position": positions,
                    "rows": [{key: or_none(value) for key, value in row.items()} for row in rows]}
         write_results(results, args.json)
+        print(f"written to {args.json}", file=sys.stderr)
+
+
+def run_trees(pair, args, path):
+    """Tokens per call and time per step against the tree's size (`specbook.suites.tree_sizes`), greedy, on every
+    kind of text of --categories, on --gpu-path or not: one row per method and category, written as JSON with each
+    row's tree size (None for the chain and the baseline) and milliseconds per step."""
+    import pandas as pd
+
+    engine = {}
+    if args.gpu_path:  # the static cache (its decode calls replayed as graphs; the CPU's stand-in off a GPU)
+        engine = dict(cache="static")
+        graphs.CAPTURE_ON_CPU = pair.target.device.type != "cuda"
+    rows = []
+    for category in args.categories:
+        prompts = [pair.encode(text) for text in CATEGORIES[category]]
+        for row in run_benchmark(tree_sizes(pair, Sampler(0), args.max_new_tokens, **engine), prompts, args.repeats,
+                                 args.seed):
+            if not row["same_tokens"]:
+                raise AssertionError(f"{row['method']} changed the greedy output on the {category} prompts")
+            nodes = next((size for size in TREE_SIZES if tree_name(size) == row["method"]), None)
+            rows.append({"method": row["method"], "category": category, "tree_nodes": nodes,
+                         "ms_per_step": row["ms_per_token"] * row["tokens_per_call"],
+                         **{key: row[key] for key in ("tokens_per_call", "positions_per_call", "ms_per_token",
+                                                      "speedup", "speedup_min", "speedup_max")}})
+    print(pd.DataFrame(rows).pivot_table(index="method", columns="category", values=["tokens_per_call",
+                                                                                    "ms_per_step"], sort=False)
+          .to_string(float_format=lambda x: f"{x:.2f}"))
+    print(f"greedy, {machine()}, {in_words(path)}, {args.max_new_tokens} new tokens, {args.repeats} repeats"
+          + (", the GPU path" if args.gpu_path else ""))
+    if args.json:
+        write_results({"machine": machine(), **path, "gpu_path": args.gpu_path, "max_new_tokens": args.max_new_tokens,
+                       "repeats": args.repeats, "rows": [{key: or_none(value) for key, value in row.items()}
+                                                         for row in rows]}, args.json)
         print(f"written to {args.json}", file=sys.stderr)
 
 

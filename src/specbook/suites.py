@@ -174,6 +174,24 @@ def eagle3_rows(pair, eagle, heads: dict, sampler, max_new_tokens, k=4, vocab=No
         for row, drafter, length in rows]
 
 
+TREE_SIZES = (4, 8, 16, 32, 48)  # the tree suite's budgets of nodes verified per call
+
+
+def tree_name(nodes: int) -> str:
+    """The name of `tree_sizes`'s row for a tree of ``nodes`` nodes."""
+    return f"draft model, dynamic tree, {nodes} nodes"
+
+
+def tree_sizes(pair, sampler, max_new_tokens, sizes=TREE_SIZES, depth=4, **path):
+    """How tokens per call and time per step grow with a tree's size: the draft model's chain of ``depth``, then its
+    dynamic tree (`DynamicTree`: ``depth`` deep, 4 wide) verifying each of ``sizes`` nodes per call. ``path`` as
+    for `family` (``cache="static"``: the GPU path, where a wide call costs about what a narrow one does)."""
+    rows = [(f"draft model, chain k={depth}", pair.draft)] + [
+        (tree_name(nodes), TopKTreeDrafter(pair.draft, DynamicTree(depth, 4, nodes))) for nodes in sizes]
+    return [autoregressive(pair.target, sampler, max_new_tokens, **path)] + [
+        speculative(pair.target, drafter, depth, sampler, max_new_tokens, name=name, **path) for name, drafter in rows]
+
+
 def multi_token(mtp_target, heads, sampler, max_new_tokens, **path):
     """Multi-token prediction's rows (`specbook.mtp`): the jointly trained model decoding alone, its baseline,
     then drafting for itself with its heads as a chain (all n - 1 of them). ``path`` as for `family`."""
