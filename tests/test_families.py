@@ -16,8 +16,8 @@ import torch
 import specbook.graphs
 from specbook import DynamicTree, Sampler, autoregressive_generate, speculative_generate
 from specbook.cache import attention_windows
-from specbook.drafters import (Eagle3Drafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, OuroborosDrafter, PromptLookupDrafter,
-                               TopKTreeDrafter)
+from specbook.drafters import (Eagle3Drafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, OuroborosDrafter,
+                               PromptLookupDrafter, TopKTreeDrafter)
 from specbook.eagle3 import Eagle3Head
 from specbook.heads import EagleHead, MedusaHeads
 from specbook.models import target_features

@@ -7,8 +7,8 @@ the draft's cost per token relative to the target's.
 
 from . import display  # noqa: F401  (registers and enables the "specbook" Altair renderer)
 from .decoding import autoregressive_generate, speculative_generate
-from .drafters import (Draft, Drafter, Eagle3Drafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter, NGramDrafter,
-                       PromptLookupDrafter, SampledTreeDrafter, SelfSpeculativeDrafter, TopKTreeDrafter)
+from .drafters import (Draft, Drafter, Eagle3Drafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter,
+                       NGramDrafter, PromptLookupDrafter, SampledTreeDrafter, SelfSpeculativeDrafter, TopKTreeDrafter)
 from .eagle3 import Eagle3Head
 from .heads import EagleHead, ExitHead, MedusaHeads
 from .models import ModelPair, load_model, load_pair

@@ -107,7 +107,8 @@ def bench(args):
     """Check what the suite needs, load the pair and run the suite (`specbook.cli_bench`)."""
     if args.suite == "costs":  # builds the real pairs' shapes itself: no pair to load
         return run_costs(args)
-    if args.suite in ("heads", "family", "eagle3") and (args.target or args.draft or args.pair not in (None, *WITH_HEADS)):
+    if args.suite in ("heads", "family", "eagle3") and (args.target or args.draft
+                                                         or args.pair not in (None, *WITH_HEADS)):
         raise ValueError(f"--suite {args.suite} needs a built-in pair (--pair shakespeare, the default): its heads "
                          "were trained on that target's hidden states and fit no other model")
     if args.suite == "seq2seq" and args.pair is None and args.target is None:
@@ -236,11 +237,11 @@ def main(argv=None):
                      help="draft lengths (default: 1,2,3,4,6; the ablation sweeps the model drafter over them "
                           "and gives the lookup drafters the largest; the heads suite uses the largest)")
     ben.add_argument("--k", type=_positive_int, default=4,
-                     help="--suite family and eagle3: the draft length of its chains (trees draft to that depth, Ouroboros K + 3; "
-                          "default 4, the K chapters 4 to 6c time)")
+                     help="--suite family and eagle3: the draft length of its chains (trees draft to that depth, "
+                          "Ouroboros K + 3; default 4, the K chapters 4 to 6c time)")
     ben.add_argument("--gpu-path", action="store_true",
-                     help="--suite family and trees: every row on the GPU path (the static cache, its calls replayed as CUDA "
-                          "graphs; off a GPU the CPU's stand-in for graphs, which checks exactness, not speed)")
+                     help="--suite family and trees: every row on the GPU path (the static cache, its calls replayed "
+                          "as CUDA graphs; off a GPU the CPU's stand-in for graphs, which checks exactness, not speed)")
     ben.add_argument("--eagle3-variants", default=None,
                      help="--suite eagle3: a folder of EAGLE-3 heads trained otherwise, one a subfolder (python -m "
                           "specbook.train --stages eagle3 --eagle3-dir FOLDER/NAME ...), each compared with the "

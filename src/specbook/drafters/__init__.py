@@ -18,6 +18,7 @@ from .ngram import LookupDrafter, NGramDrafter, NGramStorage, PromptLookupDrafte
 from .ouroboros import OuroborosDrafter
 from .tree import SampledTreeDrafter, TopKTreeDrafter
 
-__all__ = ["BlockwiseDrafter", "CaPE", "Draft", "Drafter", "Eagle3Drafter", "EagleDrafter", "GlideDrafter", "LookaheadDrafter", "LookupDrafter", "MedusaDrafter", "ModelDrafter",
-           "NGramDrafter", "NGramStorage", "OuroborosDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "SelfSpeculativeDrafter",
+__all__ = ["BlockwiseDrafter", "CaPE", "Draft", "Drafter", "Eagle3Drafter", "EagleDrafter", "GlideDrafter",
+           "LookaheadDrafter", "LookupDrafter", "MedusaDrafter", "ModelDrafter", "NGramDrafter", "NGramStorage",
+           "OuroborosDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "SelfSpeculativeDrafter",
            "TopKTreeDrafter"]
