@@ -62,20 +62,26 @@ def test_bench_writes_a_csv(tmp_path, capsys, monkeypatch, suite, rows):
     assert not table["packed_target"].any() and (table["target_forward"] == "specbook.decoder").all()
 
 
-def test_the_family_suite_runs_every_method_on_the_gpu_path(tmp_path, monkeypatch):
-    """--gpu-path: every row on the static cache with the graphs' CPU stand-in, trees included (issue of trees
-    stopping mid-generation there); the suite itself stops on a greedy row that differs."""
+def _on_the_gpu_path(suite, tmp_path, monkeypatch, max_new_tokens):
+    """``bench --suite SUITE --gpu-path`` on the repetitive prompts, quickly: its results file."""
     import json
 
     from specbook import graphs
 
     monkeypatch.setenv("SPECBOOK_QUICK_TIMING", "1")
     monkeypatch.setattr(graphs, "CAPTURE_ON_CPU", False)  # restored after: the command sets it
-    out = tmp_path / "family.json"
-    main(["bench", "--suite", "family", "--gpu-path", "--categories", "repetitive", "--max-new-tokens", "12",
-          "--repeats", "1", "--json", str(out)])
-    results = json.loads(out.read_text())
-    assert results["gpu_path"] and graphs.CAPTURE_ON_CPU
+    out = tmp_path / f"{suite}.json"
+    main(["bench", "--suite", suite, "--gpu-path", "--categories", "repetitive", "--max-new-tokens",
+          str(max_new_tokens), "--repeats", "1", "--json", str(out)])
+    assert graphs.CAPTURE_ON_CPU
+    return json.loads(out.read_text())
+
+
+def test_the_family_suite_runs_every_method_on_the_gpu_path(tmp_path, monkeypatch):
+    """--gpu-path: every row on the static cache with the graphs' CPU stand-in, trees included (issue of trees
+    stopping mid-generation there); the suite itself stops on a greedy row that differs."""
+    results = _on_the_gpu_path("family", tmp_path, monkeypatch, 12)
+    assert results["gpu_path"]
     greedy = [row for row in results["rows"] if row["sampling"] == "greedy"]
     assert len(greedy) == 20 + 2 and all(row["same_tokens"] for row in greedy)
 
@@ -283,16 +289,8 @@ def test_the_eagle3_suite_compares_heads_and_positions(tmp_path, monkeypatch):
 def test_the_trees_suite_times_each_tree_size_on_the_gpu_path(tmp_path, monkeypatch):
     """bench --suite trees --gpu-path: the chain and the dynamic tree at each size, on the static cache with the
     graphs' stand-in, every row the baseline's greedy tokens, with its size and its milliseconds per step."""
-    import json
-
-    from specbook import graphs
     from specbook.suites import TREE_SIZES
 
-    monkeypatch.setenv("SPECBOOK_QUICK_TIMING", "1")
-    monkeypatch.setattr(graphs, "CAPTURE_ON_CPU", False)  # restored after: the command sets it
-    out = tmp_path / "trees.json"
-    main(["bench", "--suite", "trees", "--gpu-path", "--categories", "repetitive", "--max-new-tokens", "10",
-          "--repeats", "1", "--json", str(out)])
-    results = json.loads(out.read_text())
+    results = _on_the_gpu_path("trees", tmp_path, monkeypatch, 10)
     assert results["gpu_path"] and [row["tree_nodes"] for row in results["rows"]] == [None, None, *TREE_SIZES]
     assert all(row["ms_per_step"] > 0 and row["tokens_per_call"] >= 1 for row in results["rows"])
