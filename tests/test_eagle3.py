@@ -4,7 +4,6 @@ input is refused."""
 
 import copy
 import json
-import tempfile
 
 import pytest
 import torch
@@ -29,7 +28,7 @@ def deep_target():
 
 
 @pytest.fixture(scope="module")
-def head(deep_target):
+def head(deep_target, tmp_path_factory):
     """A head trained briefly on the target's own text, so that its drafts are sometimes right."""
     torch.manual_seed(0)
     with torch.no_grad():
@@ -38,8 +37,8 @@ def head(deep_target):
     head = Eagle3Head.for_target(deep_target, feature_layers=(1, 2, 3))
     frozen = tiny_model(num_layers=4, seed=0).requires_grad_(False)
     config = TrainConfig(steps=80, batch_size=8, block_size=32, lr=1e-2, warmup=10, eval_every=80, ckpt_every=80)
-    with tempfile.TemporaryDirectory() as directory:
-        head.log = train_head(head, eagle3_loss, frozen, text, text, config, directory, "cpu", "eagle3")
+    head.log = train_head(head, eagle3_loss, frozen, text, text, config, tmp_path_factory.mktemp("eagle3"), "cpu",
+                          "eagle3")
     head.text = text
     return head.eval()
 

@@ -131,12 +131,22 @@ def _samplings(args) -> dict:
     return {"greedy": Sampler(0), "sampled": Sampler(args.temperature or 1.0, args.top_k, args.top_p)}
 
 
-def _rows_by_category(pair, args, groups_for) -> list[dict]:
+def _engine(pair, args) -> dict:
+    """The engine's options for every row: with --gpu-path the static cache, its decode calls replayed as graphs (the
+    CPU's stand-in for them off a GPU); else the defaults."""
+    if not args.gpu_path:
+        return {}
+    graphs.CAPTURE_ON_CPU = pair.target.device.type != "cuda"
+    return dict(cache="static")
+
+
+def _rows_by_category(pair, args, groups_for, samplings=None) -> list[dict]:
     """Time ``groups_for(sampler)`` -- lists of methods, each with its baseline first -- on every kind of text of
-    --categories, greedy and sampled (`_samplings`): one row per method, category and sampling. A greedy row whose
-    tokens differ from its baseline's stops the run: exactness is checked, not assumed."""
+    --categories, under each of ``samplings`` (default: greedy and sampled, `_samplings`): one row per method,
+    category and sampling. A greedy row whose tokens differ from its baseline's stops the run: exactness is
+    checked, not assumed."""
     rows = []
-    for sampling, sampler in _samplings(args).items():
+    for sampling, sampler in (samplings or _samplings(args)).items():
         groups = groups_for(sampler)
         for category, methods in ((category, methods) for category in args.categories for methods in groups):
             prompts = [pair.encode(text) for text in CATEGORIES[category]]
@@ -173,10 +183,7 @@ def run_family(pair, args, path):
              for part in ("glide", "glide-control")}
     mtp_target, mtp_heads = load_mtp(pair.name, pair.target)
     eagle3 = Eagle3Head.from_pretrained(pair.name, pair.target)
-    engine = {}
-    if args.gpu_path:  # the static cache (its decode calls replayed as graphs; the CPU's stand-in off a GPU)
-        engine = dict(cache="static")
-        graphs.CAPTURE_ON_CPU = pair.target.device.type != "cuda"
+    engine = _engine(pair, args)
     rows = _rows_by_category(pair, args, lambda sampler: [
         family(pair, *heads, sampler, args.max_new_tokens, args.k, **glide, eagle3=eagle3, **engine),
         multi_token(mtp_target, mtp_heads, sampler, args.max_new_tokens, **engine)])  # its own baseline
@@ -212,8 +219,9 @@ def eagle3_heads(pair, variants=None) -> dict:
         if head.ttt_steps != built_in.ttt_steps:
             differences.append("without training-time test" if head.ttt_steps == 1 else
                                f"with a {head.ttt_steps}-step training-time test")
-        heads[" ".join(["EAGLE-3"] + differences) if head is built_in or differences else f"EAGLE-3 ({folder.name})"] \
-            = head
+        if head is not built_in and not differences:  # trained like the built-in head: its folder tells it apart
+            differences.append(f"({folder.name})")
+        heads[" ".join(["EAGLE-3", *differences])] = head
     return heads
 
 
@@ -225,13 +233,14 @@ def run_eagle3(pair, args, path):
     the family suite, written as JSON."""
     eagle = EagleHead.from_pretrained(pair.name, pair.target)
     heads = eagle3_heads(pair, args.eagle3_variants)
+    built_in_name, built_in = next(iter(heads.items()))
+    reduced = built_in.with_vocabulary(args.eagle3_vocab)
     prompts = [pair.encode(text) for category in args.categories for text in CATEGORIES[category]]
     positions = {}
     for sampling, sampler in _samplings(args).items():
         for name, drafter in [("EAGLE", EagleDrafter(pair.target, eagle))] + [
                 (name, Eagle3Drafter(pair.target, head)) for name, head in heads.items()] + [
-                (f"{next(iter(heads))}, {args.eagle3_vocab}-token draft vocabulary",
-                 Eagle3Drafter(pair.target, next(iter(heads.values())).with_vocabulary(args.eagle3_vocab)))]:
+                (f"{built_in_name}, {args.eagle3_vocab}-token draft vocabulary", Eagle3Drafter(pair.target, reduced))]:
             measured = acceptance_by_position(pair.target, drafter, prompts, args.max_new_tokens, ALPHA_POSITIONS,
                                               sampler, args.seed)
             positions.setdefault(name, {})[sampling] = measured
@@ -253,26 +262,16 @@ def run_eagle3(pair, args, path):
 
 def run_trees(pair, args, path):
     """Tokens per call and time per step against the tree's size (`specbook.suites.tree_sizes`), greedy, on every
-    kind of text of --categories, on --gpu-path or not: one row per method and category, written as JSON with each
-    row's tree size (None for the chain and the baseline) and milliseconds per step."""
+    kind of text of --categories, on --gpu-path or not: the family suite's rows (`_rows_by_category`), each with
+    its tree's size (None for the chain and the baseline) and milliseconds per step, written as JSON."""
     import pandas as pd
 
-    engine = {}
-    if args.gpu_path:  # the static cache (its decode calls replayed as graphs; the CPU's stand-in off a GPU)
-        engine = dict(cache="static")
-        graphs.CAPTURE_ON_CPU = pair.target.device.type != "cuda"
-    rows = []
-    for category in args.categories:
-        prompts = [pair.encode(text) for text in CATEGORIES[category]]
-        for row in run_benchmark(tree_sizes(pair, Sampler(0), args.max_new_tokens, **engine), prompts, args.repeats,
-                                 args.seed):
-            if not row["same_tokens"]:
-                raise AssertionError(f"{row['method']} changed the greedy output on the {category} prompts")
-            nodes = next((size for size in TREE_SIZES if tree_name(size) == row["method"]), None)
-            rows.append({"method": row["method"], "category": category, "tree_nodes": nodes,
-                         "ms_per_step": row["ms_per_token"] * row["tokens_per_call"],
-                         **{key: row[key] for key in ("tokens_per_call", "positions_per_call", "ms_per_token",
-                                                      "speedup", "speedup_min", "speedup_max")}})
+    engine = _engine(pair, args)
+    measured = _rows_by_category(pair, args, lambda sampler: [tree_sizes(pair, sampler, args.max_new_tokens, **engine)],
+                                 {"greedy": Sampler(0)})
+    sizes = {tree_name(nodes): nodes for nodes in TREE_SIZES}
+    rows = [{**row, "tree_nodes": sizes.get(row["method"]), "ms_per_step": row["ms_per_token"] * row["tokens_per_call"]}
+            for row in measured]
     print(pd.DataFrame(rows).pivot_table(index="method", columns="category", values=["tokens_per_call",
                                                                                     "ms_per_step"], sort=False)
           .to_string(float_format=lambda x: f"{x:.2f}"))

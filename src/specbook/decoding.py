@@ -153,7 +153,7 @@ def _target_forward(cache, input_ids, features, forward, **inputs):
         return forward(input_ids, features, keep=inputs.get("logits_to_keep"))
     outputs = forward(input_ids, past_key_values=cache, use_cache=True, output_hidden_states=features is not None,
                       **inputs)
-    return outputs.logits[0], (read_features(outputs.hidden_states, features) if features is not None else None)
+    return outputs.logits[0], read_features(outputs, features)
 
 
 @torch.inference_mode()

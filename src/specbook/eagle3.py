@@ -118,9 +118,9 @@ class Eagle3Head(EagleHead):
         return full.index_copy_(-1, self.vocab, scores)
 
     def with_vocabulary(self, vocab) -> "Eagle3Head":
-        """A copy that proposes only ``vocab``: an int keeps the that many most frequent tokens of the training text
-        (``token_order``), a sequence those token ids. Its LM head keeps those rows of this one's (every id must be
-        in this head's vocabulary); the rest is shared."""
+        """A copy that proposes only ``vocab``: an int keeps that many of the most frequent tokens of the training
+        text (``token_order``), a sequence those token ids. Its LM head keeps those rows of this one's (every id must
+        be in this head's vocabulary); the rest is copied unchanged."""
         if isinstance(vocab, int) and not isinstance(vocab, bool):
             if not 1 <= vocab <= len(self.vocab):
                 raise ValueError(f"vocab must be in [1, {len(self.vocab)}], the tokens this head can propose "

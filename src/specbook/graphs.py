@@ -125,7 +125,7 @@ class StaticModel:
         outputs = (forward or self.forward)(input_ids, past_key_values=self.cache, use_cache=True,
                                             logits_to_keep=input_ids.shape[1] if keep is None else keep,
                                             output_hidden_states=features is not None)
-        return outputs.logits[0], (read_features(outputs.hidden_states, features) if features is not None else None)
+        return outputs.logits[0], read_features(outputs, features)
 
     @property
     def replays(self) -> bool:
@@ -254,7 +254,7 @@ def prefill(model, cache, input_ids, features=None, runner=None):
     elif context.shape[1]:
         outputs = forward_over(model, cache)(context, past_key_values=cache, use_cache=True, logits_to_keep=1,
                                              output_hidden_states=features is not None)
-        hidden = read_features(outputs.hidden_states, features) if features is not None else None  # (T - 1, .)
+        hidden = read_features(outputs, features)  # (T - 1, .) or None
     return input_ids[0, -1:], hidden
 
 

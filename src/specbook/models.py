@@ -81,11 +81,14 @@ def target_features(target, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
     return target.get_decoder()(input_ids, **kwargs).last_hidden_state
 
 
-def read_features(hidden_states, layers) -> torch.Tensor:
-    """What a drafter reads of a batch-one call's ``hidden_states`` (Hugging Face's tuple: the embeddings, the
-    output of each layer, the final norm's output last): the entries ``layers`` (`Drafter.feature_layers`; -1 the
-    features, the input of the LM head) side by side, (n, len(layers) * hidden)."""
-    states = [hidden_states[layer][0] for layer in layers]
+def read_features(outputs, layers) -> torch.Tensor | None:
+    """What a drafter reads of a batch-one call's ``outputs``, asked for its ``hidden_states`` (Hugging Face's tuple:
+    the embeddings, the output of each layer, the final norm's output last): the entries ``layers``
+    (`Drafter.feature_layers`; -1 the features, the input of the LM head) side by side, (n, len(layers) * hidden).
+    None when ``layers`` is None (the call was not asked: an encoder-decoder's output has no ``hidden_states``)."""
+    if layers is None:
+        return None
+    states = [outputs.hidden_states[layer][0] for layer in layers]
     return states[0] if len(states) == 1 else torch.cat(states, -1)
 
 

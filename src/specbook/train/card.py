@@ -257,7 +257,7 @@ Teacher-forced accuracy on the held-out plays after each unrolled step (`specboo
 {accuracy_rows}
 
 Acceptance along the target's greedy continuations of the {prompts} held-out prompts
-(`specbook.bench.acceptance`, 64 tokens each, k = 4; the tree to depth 5):
+(`specbook.bench.acceptance`, 64 tokens each, k = 4, which cuts the dynamic tree to depth 4 too):
 
 | drafter | tokens per target call | acceptance rate |
 |---|---|---|
