@@ -1109,14 +1109,14 @@ CHAPTER_6_MESSAGES = [  # (checker, wrong answer, what its message must say)
 
 
 def test_the_eagle3_references_are_the_packages():
-    """`ttt_mask` is the mask training uses (as a float mask) and the draft distribution is the softmax of
-    `Eagle3Head.logits`."""
-    from specbook.eagle3 import Eagle3Head, _block_mask, ttt_mask
+    """The mask training uses, `ttt_mask`, is the mask written by hand here, and the draft distribution is the
+    softmax of `Eagle3Head.logits`."""
+    from specbook.eagle3 import Eagle3Head, ttt_mask
     from specbook.exercises.ch06b_eagle3 import draft_distribution_reference
 
     for case in CHECKS["ttt_mask"].cases():
         steps, n = case.args
-        assert torch.equal(_block_mask(steps, n, torch.float32, "cpu")[0, 0] == 0, ttt_mask(steps, n))
+        assert torch.equal(_ttt_mask(steps, n), ttt_mask(steps, n))
     head = Eagle3Head(LlamaConfig(vocab_size=12, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
                                   intermediate_size=16), (1,)).with_vocabulary([7, 2, 9])
     hidden = torch.randn(8)

@@ -33,9 +33,9 @@ first, so the layer is the target's own kind. The token embedding is the target'
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from .cache import new_cache
 from .heads import EagleHead
 from .masks import attention_inputs
 
@@ -191,16 +191,16 @@ def ttt_predictions(head: Eagle3Head, target, input_ids: torch.Tensor, steps: in
         target_logits = outputs.logits[..., head.vocab].float()  # (batch, n + 1, draft vocab)
         embeddings = target.get_input_embeddings()(input_ids)  # (batch, n + 1, hidden)
     inputs = head.fused(hidden[:, :n])  # (batch, n, hidden): g_t
-    blocks, predictions = [], []
+    cache, predictions = new_cache(head.layer), []  # the earlier steps' keys and values, kept for autograd
+    positions = _block_positions(steps, n).to(inputs.device)  # (steps n,)
+    mask = ttt_mask(steps, n)  # (steps n, steps n)
     for step in range(steps):
         tokens = embeddings[:, step + 1:]  # (batch, n - step, hidden): x_{t+step+1} for t = 0 .. n - step - 1
         tokens = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], step, tokens.shape[2])], 1)  # padded to n
-        blocks.append(head.fc(torch.cat([inputs, tokens], -1)))  # (batch, n, hidden)
-        # every step so far in one call (earlier steps come out as before: the mask hides later ones from them)
-        out = head.layer(inputs_embeds=torch.cat(blocks, 1), attention_mask=_block_mask(step + 1, n, inputs.dtype,
-                                                                                           inputs.device),
-                         position_ids=_block_positions(step + 1, n).to(inputs.device)[None])
-        inputs = out.last_hidden_state[:, step * n:]  # (batch, n, hidden): a^step_t
+        rows = slice(step * n, (step + 1) * n)  # this step's queries, on top of the earlier steps' keys
+        inputs = head(inputs, tokens, cache, **attention_inputs(
+            mask[rows, : (step + 1) * n][None], positions[None, rows], positions[None, : (step + 1) * n],
+            inputs.dtype, inputs.device))  # (batch, n, hidden): a^step_t
         predictions.append((inputs[:, : n - step], target_logits[:, step + 1:]))
     return predictions
 
@@ -223,9 +223,3 @@ def ttt_mask(steps: int, n: int) -> torch.Tensor:
             visible[query * n:(query + 1) * n, key * n:(key + 1) * n] = same
     return visible
 
-
-def _block_mask(blocks: int, n: int, dtype, device) -> torch.Tensor:
-    """`ttt_mask` as the float mask a model adds to its attention scores, (1, 1, blocks n, blocks n)."""
-    positions = _block_positions(blocks, n)
-    return attention_inputs(ttt_mask(blocks, n)[None], positions[None], positions[None], dtype,
-                            device)["attention_mask"]
