@@ -2,7 +2,8 @@
 
 For each family of `families` (tiny random models from Hugging Face configs), greedy decoding by
 every method equals the target's own ``generate(do_sample=False)`` token for token: autoregressive
-decoding, a draft model's chain, a draft model's token tree, prompt lookup, lookahead decoding, Ouroboros, the static cache (and its calls replayed as graphs),
+decoding, a draft model's chain, a draft model's token tree, prompt lookup, lookahead decoding, Ouroboros, the
+static cache (and its calls replayed as graphs, trees included where the package's decoder runs the target),
 EAGLE, EAGLE-3 and Medusa heads freshly initialised on the target (exactness does not need trained heads; EAGLE-3
 reads a middle layer and the features, on the static cache and its graphs too).
 The sliding-window families have a window of 8: prompts of 5 tokens (the window is crossed while
@@ -16,6 +17,7 @@ import torch
 import specbook.graphs
 from specbook import DynamicTree, Sampler, autoregressive_generate, speculative_generate
 from specbook.cache import attention_windows
+from specbook.decoder import decoder_for
 from specbook.drafters import (Eagle3Drafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, OuroborosDrafter,
                                PromptLookupDrafter, TopKTreeDrafter)
 from specbook.eagle3 import Eagle3Head
@@ -86,6 +88,15 @@ def _methods():
 
 
 METHODS = _methods()
+# Trees on the static cache, their calls replayed as graphs: where the package's decoder runs the target.
+GRAPH_TREES = {
+    "tree": lambda t, d: TopKTreeDrafter(d, (2, 2, 1)),
+    "dynamic_tree": lambda t, d: TopKTreeDrafter(d, DynamicTree(3, 3, 6)),
+    "eagle_tree": lambda t, d: EagleDrafter(t, EagleHead(t.config), tree=(2, 2)),
+    "eagle3_dynamic_tree": lambda t, d: Eagle3Drafter(t, Eagle3Head(t.config, (1, -1)), tree=DynamicTree(3, 2, 5)),
+    "medusa_tree": lambda t, d: MedusaDrafter(t, MedusaHeads(t.config.hidden_size, 3)),
+    "ouroboros": lambda t, d: OuroborosDrafter(d, phrase_length=2),
+}
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -104,6 +115,22 @@ def test_greedy_equals_the_targets_own_generate(family, method, prompt):
     name, target, draft, references = family
     torch.manual_seed(0)  # fresh heads start from the same random weights
     assert METHODS[method](target, draft, PROMPTS[prompt]) == references[prompt], f"{name}: {method}"
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("method", GRAPH_TREES)
+def test_trees_on_the_graphs_equal_generate_or_are_refused(family, method, prompt):
+    """Where the decoder runs the target, a tree's call replays its graph and its path is kept on the device;
+    elsewhere (Hugging Face's static cache keeps a prefix only) the drafter is refused before the first token."""
+    name, target, draft, references = family
+    torch.manual_seed(0)
+    run = _graphs(lambda: speculative_generate(target, GRAPH_TREES[method](target, draft), PROMPTS[prompt], NEW_TOKENS,
+                                               k=3, sampler=Sampler(0), cache="static").token_ids)
+    if decoder_for(target) is None:
+        with pytest.raises(ValueError, match="tree drafts need cache='dynamic'"):
+            run()
+    else:
+        assert run() == references[prompt], f"{name}: {method}"
 
 
 def test_the_sliding_families_really_slide():

@@ -417,21 +417,25 @@ def test_a_host_sync_in_the_loop_is_caught(models, device, eager_compile, monkey
 
 
 @CUDA
+@pytest.mark.parametrize("make", [lambda draft: draft, lambda draft: TopKTreeDrafter(draft, (2, 2, 1))],
+                         ids=["chain", "tree"])
 @pytest.mark.parametrize("sampler", [Sampler(0), Sampler(1.0)], ids=["greedy", "sampled"])
-def test_the_gpu_waits_once_per_step(sampler):
-    """On a GPU, torch's sync debug mode counts every wait for the device, torch's own included."""
+def test_the_gpu_waits_once_per_step(sampler, make):
+    """On a GPU, torch's sync debug mode counts every wait for the device, torch's own included (copies from the
+    host too: a tree's shape goes to the device once, its path's rows stay there)."""
     import warnings
 
     target, draft = tiny_model(seed=0).cuda(), tiny_model(hidden_size=16, num_layers=1, seed=1).cuda()
     counts = []
     for new_tokens in (10, 40):
-        speculative_generate(target, draft, prompt_on("cuda"), new_tokens, k=3, sampler=sampler, seed=0)  # capture
+        speculative_generate(target, make(draft), prompt_on("cuda"), new_tokens, k=3, sampler=sampler,
+                             seed=0)  # capture
         torch.cuda.synchronize()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                generation = speculative_generate(target, draft, prompt_on("cuda"), new_tokens, k=3,
+                generation = speculative_generate(target, make(draft), prompt_on("cuda"), new_tokens, k=3,
                                                   sampler=sampler, seed=0)
             finally:
                 torch.cuda.set_sync_debug_mode("default")

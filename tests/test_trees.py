@@ -6,7 +6,7 @@ import torch
 import support
 
 import specbook.decoding
-import specbook.trees
+import specbook.tree_decision
 from specbook.cache import keep_positions, new_cache
 from specbook.decoder import cache_and_forward
 from specbook.decoding import autoregressive_generate, speculative_generate
@@ -212,7 +212,7 @@ def test_sampled_tree_output_follows_the_target(tiny_pair, drafter, sampler):
 @pytest.mark.parametrize("drafter", [TopKTreeDrafter, SampledTreeDrafter])
 def test_chi_square_catches_siblings_checked_against_the_original_target(tiny_pair, drafter, monkeypatch):
     """Keeping the original q after a rejected candidate (for the next sibling and the final draw) biases the output."""
-    monkeypatch.setattr(specbook.trees, "residual_distribution", lambda target_probs, draft_probs, **_: target_probs)
+    monkeypatch.setattr(specbook.tree_decision, "residual_distribution", lambda target_probs, draft_probs, **_: target_probs)
     target, draft = tiny_pair
     assert chi_square_p_value(target, drafter(draft, (2, 2)), SAMPLERS[0], samples=400) < 1e-6
 

@@ -114,27 +114,34 @@ class SlotCache:
         self.length = torch.zeros((), dtype=torch.long, device=device)
         self.steps = torch.arange(max_length, device=device)  # (max_length,): slot indices, made once
         self.windows, self.static = windows, static
+        self.known = 0  # the length as the host knows it: None once a count it has not read moved it
 
     @property
     def max_length(self) -> int:
         return self.keys.shape[2]
 
     def get_seq_length(self) -> int:
-        return int(self.length)
+        """The length: the host's own count where it has one (``known``), else read from the device."""
+        if self.known is None:
+            self.known = int(self.length)
+        return self.known
 
     def reset(self) -> None:
         self.length.zero_()
+        self.known = 0
 
     def claim(self, n: int) -> torch.Tensor:
         """The slots (n,) of a call's n new tokens, on the device; the length moves past them. Sets ``span``, the
-        slots the call's queries attend over: all of them under a graph, else those in use (read on the host)."""
+        slots the call's queries attend over: all of them under a graph, else those in use."""
         self.span = self.max_length
         if not self.static:
-            self.span = int(self.length) + n
+            self.span = self.get_seq_length() + n
             if self.span > self.max_length:
                 self._grow(self.span)
         slots = self.length + self.steps[:n]
         self.length.add_(n)
+        if not torch.compiler.is_compiling() and self.known is not None:  # a compiled call's caller counts
+            self.known += n
         return slots
 
     def _grow(self, needed: int) -> None:
@@ -159,6 +166,28 @@ class SlotCache:
             masks[window] = torch.where(visible, 0.0, hidden).to(self.keys.dtype)
         return masks
 
+    def tree_masks(self, slots: torch.Tensor, visible: torch.Tensor, depths: torch.Tensor) -> tuple:
+        """A token tree's positions (n,) and masks per window (n, span) for a call on its last n rows at ``slots``
+        (n,), from ``visible`` (n, size), which of the tree's rows each sees (`specbook.trees.tree_attention_mask`'s
+        last n rows), and ``depths`` (size,), each row's depth. The tree's first row (the root) sits at slot
+        ``slots[0] - (size - n)``; the slots before it are the committed tokens, each at its own position. All
+        on the device: the host need not know where the tree starts."""
+        n, size = visible.shape
+        start = slots[:1] - (size - n)  # (1,): the root's slot and position
+        keys = self.steps[: self.span]  # (span,)
+        row = keys - start  # (span,): each key's row in the tree
+        in_tree = (row >= 0) & (row < size)
+        column = row.clamp(0, size - 1)
+        seen = torch.where(in_tree, visible[:, column], row < 0)  # (n, span): the prefix, and the tree's mask
+        key_positions = torch.where(in_tree, start + depths[column], keys)  # (span,)
+        positions = start + depths[size - n:]  # (n,)
+        hidden = max(torch.finfo(self.keys.dtype).min, torch.finfo(torch.float32).min)
+        masks = {}
+        for window in set(self.windows):
+            shown = seen if window is None else seen & (key_positions > positions[:, None] - window)
+            masks[window] = torch.where(shown, 0.0, hidden).to(self.keys.dtype)
+        return positions, masks
+
     def given_masks(self, attention_mask, n: int) -> dict:
         """A tree's masks in Hugging Face's form -- (1, 1, n, keys), or one per kind of layer
         (`specbook.masks.attention_inputs`) -- per window, as (n, span) over the slots."""
@@ -174,6 +203,7 @@ class SlotCache:
 
     def rollback(self, num_tokens) -> None:
         self.length.sub_(num_tokens)
+        self.known = None if isinstance(num_tokens, torch.Tensor) or self.known is None else self.known - num_tokens
 
     def keep(self, positions: torch.Tensor, start: int = 0) -> None:
         """Keep the slots ``positions`` (m,), increasing, moved to slots start .. start + m - 1, after the first
@@ -183,6 +213,19 @@ class SlotCache:
         for buffer in (self.keys, self.values):  # (layers, KV, max_length, d)
             buffer[:, :, start:start + m] = buffer.index_select(2, positions)
         self.length.fill_(start + m)
+        self.known = start + m
+
+    def keep_tail(self, rows: torch.Tensor, fed: int, count: int) -> None:
+        """Of the last ``fed`` slots (a tree's rows), keep the first ``count`` of ``rows`` (m,), indices among
+        them on the device, increasing: they move to the front of those slots, the rest are forgotten. All m
+        move (up to ``fed`` of them, those past the fed slots clamped into them), whatever ``count`` is: the same
+        shapes every step, and no index made on the host."""
+        base = self.length - fed  # (): the first of the fed slots
+        rows = rows[:fed].clamp(max=fed - 1)  # only the first count matter
+        source, target = base + rows, base + self.steps[: len(rows)]  # (m,), (m,)
+        for buffer in (self.keys, self.values):  # (layers, KV, max_length, d)
+            buffer.index_copy_(2, target, buffer.index_select(2, source))
+        self.rollback(fed - count)
 
 
 def is_static(cache) -> bool:
@@ -226,6 +269,19 @@ def rollback(cache, num_tokens: int | torch.Tensor) -> None:
             torch._foreach_sub_(pointers, num_tokens)
     else:
         cache.crop(-num_tokens)
+
+
+def keep_tail(cache, rows: torch.Tensor, fed: int, count: int) -> None:
+    """Keep, of the last ``fed`` positions of ``cache`` (a tree's rows), the first ``count`` of ``rows`` (m,), indices
+    among them, increasing, on the cache's device; forget the others (`SlotCache.keep_tail`). After a tree
+    pass: the root's row and the accepted path's, the path's order as verification left it on the device."""
+    if not 0 <= count <= min(len(rows), fed):
+        raise ValueError(f"count must be in [0, {min(len(rows), fed)}] (got {count})")
+    if isinstance(cache, SlotCache):
+        cache.keep_tail(rows, fed, count)
+        return
+    context = cache.get_seq_length() - fed
+    keep_positions(cache, torch.cat([torch.arange(context, device=rows.device), context + rows[:count]]))
 
 
 def keep_positions(cache, positions) -> None:

@@ -139,7 +139,8 @@ class Decoder:
     Face's model gives them, each (1, n, hidden): the embeddings, the output of each layer but the last, and
     the features, the final norm's output, the input of the LM head. A tree's
     call also passes ``position_ids`` (1, n) and ``attention_mask`` (1, 1, n, length + n), float, as for
-    Hugging Face's model (`specbook.trees.tree_model_inputs`). A bare stack is called with ``inputs_embeds``
+    Hugging Face's model (`specbook.trees.tree_model_inputs`), or ``tree``, the tree's mask and depths on the
+    device (`specbook.cache.SlotCache.tree_masks`), which need no host to know where it starts. A bare stack is called with ``inputs_embeds``
     (1, n, hidden) in place of ``input_ids`` and returns ``last_hidden_state``, the features (1, n, hidden).
     """
 
@@ -231,7 +232,8 @@ class Decoder:
 
     @torch.no_grad()  # decoding: no autograd, even outside the engine (its tables may be inference tensors)
     def __call__(self, input_ids=None, past_key_values=None, use_cache=True, logits_to_keep=0,
-                 output_hidden_states=False, position_ids=None, attention_mask=None, inputs_embeds=None, **unused):
+                 output_hidden_states=False, position_ids=None, attention_mask=None, inputs_embeds=None, tree=None,
+                 **unused):
         cache = past_key_values
         if not isinstance(cache, SlotCache):
             raise ValueError(f"Decoder runs over a SlotCache (decoder.new_cache(length); got {type(cache).__name__})")
@@ -241,7 +243,9 @@ class Decoder:
         n = inputs.shape[1]
         slots = cache.claim(n)  # (n,)
         self._tables(cache.max_length)  # a cache that grew
-        if position_ids is None:
+        if tree is not None:  # the last n rows of a token tree, from its mask and depths on the device
+            positions, masks = cache.tree_masks(slots, *tree)
+        elif position_ids is None:
             positions, masks = slots, cache.causal_masks(slots)  # (n,); per window: (n, length)
         else:
             positions, masks = position_ids[0], cache.given_masks(attention_mask, n)

@@ -6,12 +6,14 @@
 `specbook.rejection.verify_chain` keeps the longest accepted prefix plus one corrected or bonus
 token -- so every step emits between 1 and K + 1 tokens, and the output follows the target's
 (warped) distribution exactly. Greedily (temperature 0) the same rule is a comparison with the
-target's argmax, `verify_chain_greedy`, with no residuals to build. A drafter may propose a token tree instead (a `Draft` with
-``parents``): one target call with a tree attention mask scores every branch, and
-`specbook.trees.verify_tree` keeps the longest accepted path (`specbook.trees`). On the static cache of a
-target the package's decoder runs (`specbook.decoder`), the tree's call runs eagerly over the same buffer
-and its accepted path is moved into place by index (`specbook.cache.SlotCache.keep`); a target that keeps
-Hugging Face's forward verifies trees on the dynamic cache only.
+target's argmax, `verify_chain_greedy`, with no residuals to build. A drafter may propose a token tree
+instead (a `Draft` with ``parents``): one target call with a tree attention mask scores every branch, and
+`specbook.trees.verify_tree`'s rule keeps the longest accepted path (`specbook.trees`), decided on the device
+(`specbook.tree_decision.tree_outcome`) and read once, like a chain's. On the static cache of a target the package's
+decoder runs (`specbook.decoder`), the tree's call is a replayed graph per padded tree size
+(`specbook.graphs.StaticModel.tree`) over the same buffer, and its accepted path is moved into place by
+index on the device (`specbook.cache.SlotCache.keep_tail`); a target that keeps Hugging Face's forward
+verifies trees on the dynamic cache only.
 
 Both loops keep the same bookkeeping: the target's KV cache holds every committed token except
 the last one, which is "pending" and is fed first in the next call. Verification feeds
@@ -54,7 +56,7 @@ from functools import partial
 import torch
 
 from .batch import generate_batch
-from .cache import SlotCache, check_cache_options, is_static, keep_positions, rollback
+from .cache import SlotCache, check_cache_options, is_static, keep_tail, rollback
 from .decoder import cache_and_forward
 from .drafters import as_drafter
 from .models import check_prompt, read_features, vocab_size
@@ -64,7 +66,8 @@ from .graphs import StaticModel, prefill, static_model
 from .rejection import chain_outcome, chain_outcome_greedy
 from .sampling import Sampler, make_generator
 from .seq2seq import EncoderDecoderView, check_encoder_inputs, decoder_start, encode, is_encoder_decoder
-from .trees import tree_model_inputs, tree_positions, verify_tree
+from .tree_decision import Path, tree_outcome, tree_outcome_greedy
+from .trees import on_device, tree_inputs, tree_positions, tree_shape
 
 
 def gpu_path(model, cache=None, compile=None) -> tuple[str, bool]:
@@ -146,10 +149,11 @@ def _target_forward(cache, input_ids, features, forward, **inputs):
     drafter reads (`specbook.models.read_features`) when ``features`` names them (`Drafter.feature_layers`;
     else None).
     ``forward`` is the target, or its `StaticModel` (which calls it over ``cache`` on n positions);
-    ``inputs``: a tree's mask and positions, or how many positions' logits to keep."""
-    if isinstance(forward, StaticModel) and "position_ids" in inputs:  # a tree: its own mask, called eagerly
-        forward.fresh, forward = False, forward.eager  # over the runner's cache (a SlotCache: `_tree_step`)
-    elif isinstance(forward, StaticModel):
+    ``inputs``: a tree's mask and depths on the device (``tree``, for the decoder) or its mask and positions
+    (Hugging Face's), or how many positions' logits to keep."""
+    if isinstance(forward, StaticModel) and "tree" in inputs:  # a tree's graph, by its padded size
+        return forward.tree(input_ids, *inputs["tree"], features)
+    if isinstance(forward, StaticModel):
         return forward(input_ids, features, keep=inputs.get("logits_to_keep"))
     outputs = forward(input_ids, past_key_values=cache, use_cache=True, output_hidden_states=features is not None,
                       **inputs)
@@ -253,33 +257,44 @@ def _check_tree_cache(cache) -> None:
 def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab, features, forward):
     """Verify a tree draft with one target call; keep the accepted path in ``cache`` and tell ``drafter``.
 
-    Returns the `Step`, the target's distributions at the committed positions (accepted + 1, vocab)
-    and the draft's along ``step.drafted`` (or None), for the drafter's and the policy's hooks, and,
-    when ``features`` is set, the target's features at the committed positions (accepted + 1, hidden).
+    The decision is made on the device (`specbook.tree_decision.tree_outcome`) and read once, with the drafts; the
+    cache keeps the accepted path's rows in the order it left there (`specbook.cache.keep_tail`), and the
+    drafter gets that order too (`specbook.tree_decision.Path`). Returns the `Step`, the next pending token (1,) on
+    the device, the target's distributions at the committed positions (accepted + 1, vocab) and the draft's
+    along ``step.drafted`` (or None), for the drafter's and the policy's hooks, and, when ``features`` is
+    set, the target's features at the committed positions (accepted + 1, hidden).
     """
     _check_tree_cache(cache)  # a drafter that did not say it drafts trees (`Drafter.drafts_trees`)
-    context, n = cache.get_seq_length(), len(draft)
+    context, n, device = cache.get_seq_length(), len(draft), pending.device  # context: the host's own count
     tokens, parents = _with_side(target, context, draft)  # the side tree, if any, after the nodes
     if is_static(cache) and context + 1 + len(tokens) > cache.max_length:
         raise ValueError(f"a tree of {len(tokens)} nodes after {context} tokens overflows the static cache of "
                          f"{cache.max_length}: give the engine more room (decoding.TREE_ROOM) or cache='dynamic'")
     inputs = torch.cat([pending, tokens])[None]  # (1, rows): root, nodes, side
     logits, hidden = _target_forward(cache, inputs, features, forward,
-                                     **tree_model_inputs(parents, context, 0, target.dtype, target.device,
-                                                         target.config))
+                                     **tree_inputs(parents, cache, 0, target.dtype, device, target.config))
     if len(tokens) > n:
         drafter.observe_side(logits[n + 1:])  # (m, vocab)
     target_probs = sampler.probs(logits[: n + 1])  # (n + 1, vocab)
-    path, next_token, bonus = verify_tree(draft.tokens, draft.parents, draft.over(vocab), target_probs,
-                                          generator, validate=False)
-    committed = [0] + [node + 1 for node in path]  # rows: the root, then the accepted nodes
-    keep_positions(cache, list(range(context)) + [context + row for row in committed])
-    drafter.update(len(path), next_token, path)
-    last = path[-1] if path else -1
-    walked = path + [node for node, parent in enumerate(draft.parents) if parent == last][:1]  # + first rejected
-    step = Step(draft.tokens[walked].tolist(), len(path), next_token, bonus, tree_nodes=n, side_nodes=len(tokens) - n)
-    return (step, torch.full((1,), next_token, device=pending.device), target_probs[committed],
-            draft.probs[walked] if draft.probs is not None else None, hidden[committed] if hidden is not None else None)
+    shape = tree_shape(draft.parents, device)
+    if sampler.greedy:
+        outcome = tree_outcome_greedy(shape, draft.tokens, logits[: n + 1].argmax(-1))
+    else:
+        outcome = tree_outcome(shape, draft.tokens, draft.over(vocab), target_probs, generator)
+    accepted, next_token, *read = torch.cat([outcome, draft.tokens]).tolist()  # the step's one read
+    order, drafted = outcome[2:], read[n:]  # (n,): the path's nodes, then the others
+    rows = torch.cat([order.new_zeros(1), order + 1])  # (n + 1,): the root's row, then the nodes' in that order
+    keep_tail(cache, rows, len(tokens) + 1, accepted + 1)
+    path = Path(read[:accepted], order)
+    drafter.update(accepted, next_token, path)
+    children = [node for node, parent in enumerate(draft.parents) if parent == (path[-1] if path else -1)]
+    walked = path + children[:1]  # + the first rejected child
+    step = Step([drafted[node] for node in walked], accepted, next_token, not children, tree_nodes=n,
+                side_nodes=len(tokens) - n)
+    committed = rows[: accepted + 1]  # (accepted + 1,)
+    return (step, torch.full((1,), next_token, device=device), target_probs.index_select(0, committed),
+            draft.probs.index_select(0, on_device(walked, device)) if draft.probs is not None else None,
+            hidden.index_select(0, committed) if hidden is not None else None)
 
 
 @torch.inference_mode()

@@ -53,6 +53,7 @@ RECOMPILE_LIMIT = 64
 CAPTURE_ON_CPU = False  # tests: record and re-run calls on the CPU as a graph would replay them
 WARMUP_CALLS = 2  # eager calls before a capture (lazy initialisation, cuBLAS workspaces, compilation)
 PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512)  # a first call's padded lengths; a longer one runs eagerly
+TREE_BUCKETS = (8, 16, 32, 64)  # a token tree's padded rows (root, nodes); a larger tree runs eagerly
 
 
 _COMPILED = weakref.WeakKeyDictionary()  # model -> its compiled forward
@@ -115,16 +116,22 @@ class StaticModel:
         pointers = length_pointers(self.cache)
         if pointers:
             torch._foreach_zero_(pointers)  # one kernel for every layer
+        if isinstance(self.cache, SlotCache):
+            self.cache.known = 0
         self.fresh = True
         return self.cache
 
-    def _call(self, input_ids, features, keep=None, forward=None):
+    def _call(self, input_ids, features, keep=None, forward=None, **tree):
         """``forward`` (by default this object's: the model, or its compiled forward) on ``input_ids`` (1, n)
         over the cache: logits (keep, vocab) at the positions ``keep`` (by default all n; an int: the last
-        ones; a tensor: those indices), and the hidden states ``features`` names (n, .) or None."""
+        ones; a tensor: those indices), and the hidden states ``features`` names (n, .) or None. ``tree``: a
+        token tree's mask and depths, for the decoder (`specbook.decoder.Decoder`)."""
+        known = getattr(self.cache, "known", None)
         outputs = (forward or self.forward)(input_ids, past_key_values=self.cache, use_cache=True,
                                             logits_to_keep=input_ids.shape[1] if keep is None else keep,
-                                            output_hidden_states=features is not None)
+                                            output_hidden_states=features is not None, **tree)
+        if isinstance(self.cache, SlotCache):  # the host's count of the length (a compiled call leaves it)
+            self.cache.known = None if known is None else known + input_ids.shape[1]
         return outputs.logits[0], read_features(outputs, features)
 
     @property
@@ -142,7 +149,7 @@ class StaticModel:
         if self.model.device.type != "cuda":
             return _Recorded(function)
         pointers = length_pointers(self.cache)
-        saved = [pointer.clone() for pointer in pointers]
+        saved, known = [pointer.clone() for pointer in pointers], getattr(self.cache, "known", None)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -154,7 +161,17 @@ class StaticModel:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):  # recorded, not run: the pointers do not move
             graph.output = function()
+        if isinstance(self.cache, SlotCache):
+            self.cache.known = known  # nor does the host's count, which the runs and the recording moved
         return graph
+
+    def _replay(self, graph, advance: int):
+        """Replay ``graph``, which moves the cache's length by ``advance``, and the host's count of it with it
+        (a replay on a GPU runs none of the Python that counts)."""
+        known = getattr(self.cache, "known", None)
+        graph.replay()
+        if isinstance(self.cache, SlotCache):
+            self.cache.known = None if known is None else known + advance
 
     def __call__(self, input_ids: torch.Tensor, features: tuple | None = None, keep: int | None = None):
         """Logits (keep, vocab) of the last ``keep`` of ``input_ids`` (1, n) after the cache (by default all n),
@@ -177,9 +194,42 @@ class StaticModel:
             self.graphs[key] = self._graph(lambda: self._call(buffer, features)), buffer
         graph, buffer = self.graphs[key]
         buffer.copy_(input_ids)
-        graph.replay()
+        self._replay(graph, key[0])
         logits, hidden = graph.output
         return logits[-keep:].clone(), (hidden.clone() if hidden is not None else None)
+
+    def tree(self, input_ids: torch.Tensor, visible: torch.Tensor, depths: torch.Tensor, features=None):
+        """A token tree's call: logits (n, vocab) of its rows ``input_ids`` (1, n) (root first) under the tree's
+        mask ``visible`` (n, n) and ``depths`` (n,) (`specbook.trees.tree_shape`), and the hidden states
+        ``features`` names (n, .) or None. Padded to the smallest of `TREE_BUCKETS` that holds the rows and
+        replayed as that size's graph: a padding row sees itself only and no real row sees it, and the length
+        moves back over the padding after. Eager where no bucket fits the tree or the room left in the cache.
+        Advances the length by n."""
+        self.fresh = False
+        n = input_ids.shape[1]
+        bucket = next((size for size in TREE_BUCKETS if size >= n), None)
+        if (bucket is None or not self.replays or not isinstance(self.cache, SlotCache)
+                or bucket > self.max_length - self.cache.get_seq_length()):
+            return self._call(input_ids, features, forward=self.eager, tree=(visible, depths))
+        key = ("tree", bucket, features)
+        if key not in self.graphs:
+            buffers = (torch.zeros((1, bucket), dtype=torch.long, device=self.model.device),
+                       torch.zeros((bucket, bucket), dtype=torch.bool, device=self.model.device),
+                       torch.zeros(bucket, dtype=torch.long, device=self.model.device))
+            self.graphs[key] = self._graph(lambda: self._call(buffers[0], features, forward=self.eager,
+                                                              tree=buffers[1:])), buffers
+        graph, (tokens, mask, rows_depths) = self.graphs[key]
+        tokens[:, :n].copy_(input_ids)
+        tokens[:, n:].zero_()
+        mask.zero_()
+        mask.diagonal().fill_(True)
+        mask[:n, :n].copy_(visible)
+        rows_depths.fill_(1)
+        rows_depths[:n].copy_(depths)
+        self._replay(graph, bucket)
+        rollback(self.cache, bucket - n)
+        logits, hidden = graph.output
+        return logits[:n].clone(), (hidden[:n].clone() if hidden is not None else None)
 
     def _prompt(self, input_ids, features, keep):
         """A generation's first call, on n tokens: padded at the end to the smallest of `PROMPT_BUCKETS` that
@@ -201,7 +251,7 @@ class StaticModel:
         buffer[:, :n].copy_(input_ids)
         buffer[:, n:].zero_()  # any token: no real position attends to it
         torch.arange(n - keep, n, device=rows.device, out=rows)  # on the device: no copy from the host
-        graph.replay()
+        self._replay(graph, bucket)
         rollback(self.cache, bucket - n)
         logits, hidden = graph.output
         return logits.clone(), (hidden[:n].clone() if hidden is not None else None)
@@ -236,7 +286,7 @@ class StaticModel:
         buffer.copy_(pending[None])
         if noise is not None:
             noise.exponential_(generator=generator)
-        graph.replay()
+        self._replay(graph, len(pending) + k - 1)
         tokens, probs = graph.output
         return tokens.clone(), probs.clone()
 

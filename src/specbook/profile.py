@@ -4,7 +4,7 @@
 engine calls (each wrapped for the run and restored after): the drafter's ``propose`` (the draft
 model's forward passes and its sampling), the target's forward (`decoding._target_forward`), the
 target's probabilities (``Sampler.probs`` outside drafting), verification (`chain_outcome` or
-`verify_tree`), and the rollback of both caches (`cache.rollback` and the drafter's ``update``).
+`tree_outcome`), and the rollback of both caches (`cache.rollback` and the drafter's ``update``).
 What is left of a step's wall time is the engine's own bookkeeping. Times are exclusive: a part
 called inside another counts once, in the innermost. On a GPU every boundary synchronises, so the
 profile slows the run down a little and says where the time goes, not how fast the run is; and the
@@ -40,7 +40,8 @@ from .sampling import Sampler
 PARTS = ("draft", "target call", "probabilities", "verification", "rollback", "prefill")
 WRAPPED = [(decoding, "_target_forward", "target call"), (decoding, "chain_outcome", "verification"),
            (decoding, "chain_outcome_greedy", "verification"),
-           (decoding, "verify_tree", "verification"), (decoding, "rollback", "rollback"),
+           (decoding, "tree_outcome", "verification"), (decoding, "tree_outcome_greedy", "verification"),
+           (decoding, "rollback", "rollback"),
            (decoding, "prefill", "prefill"), (Sampler, "probs", "probabilities")]  # (owner, attribute, part)
 
 

@@ -27,16 +27,23 @@ updated q. This is lossless -- the emitted tokens follow q exactly -- when the s
 What is *not* allowed: siblings drawn without replacement from p but verified with their p (the
 i.i.d. rule would then over-accept). A drafter either samples with replacement and reports p, or
 picks deterministically and reports none.
+
+`verify_tree` walks the tree on the host, node by node, as the rule reads; the engine makes the same
+decision on the device (`specbook.tree_decision`), from the tree's shape there (`tree_shape`, copied to
+the device once per shape, as a copy from the host would make the device wait).
 """
 
 from typing import NamedTuple, Sequence
 
 import torch
 
+from .cache import SlotCache
 from .masks import attention_inputs
 from .policies import check_integer
 from .rejection import _accept_probs, check_distribution, residual_distribution
 from .sampling import draw
+
+SHAPES = 512  # tree shapes (and index lists) kept on each device: a static tree's few, a dynamic tree's many
 
 
 def check_parents(parents: Sequence[int] | torch.Tensor, name: str = "parents") -> list[int]:
@@ -100,14 +107,24 @@ def tree_model_inputs(parents, context_length: int, in_cache: int = 0, dtype=tor
     return attention_inputs(visible[None], positions[None], key_positions[None], dtype, device, config)
 
 
+def tree_inputs(parents, cache, in_cache: int = 0, dtype=torch.float32, device=None, config=None) -> dict:
+    """What a model needs to feed rows in_cache..n of a tree on top of ``cache``, which ends with the tree's
+    first ``in_cache`` rows. Over a `specbook.cache.SlotCache` (the model runs on `specbook.decoder.Decoder`)
+    ``tree``: the tree's mask rows and depths on the device (`tree_shape`), which need no host to know the
+    cache's length; else `tree_model_inputs`, for Hugging Face's forward."""
+    if isinstance(cache, SlotCache):
+        shape = tree_shape(parents, device)
+        return {"tree": (shape.visible[in_cache:], shape.depths)}
+    return tree_model_inputs(parents, cache.get_seq_length() - in_cache, in_cache, dtype, device, config)
+
+
 def tree_forward(model, cache, input_ids: torch.Tensor, parents, in_cache: int = 0) -> torch.Tensor:
     """Feed rows in_cache..n of a tree (``input_ids`` (rows,)) to ``model`` on top of ``cache``.
 
     ``cache`` ends with the tree's first ``in_cache`` rows (0: the root is fed too). Returns the
     logits (rows, vocab): row r is what the model predicts after the path from the root to that row.
     """
-    context_length = cache.get_seq_length() - in_cache
-    inputs = tree_model_inputs(parents, context_length, in_cache, model.dtype, model.device, model.config)
+    inputs = tree_inputs(parents, cache, in_cache, model.dtype, model.device, model.config)
     return model(input_ids[None], past_key_values=cache, use_cache=True, **inputs).logits[0]
 
 
@@ -320,3 +337,54 @@ def verify_tree(tokens: torch.Tensor, parents, draft_probs: torch.Tensor, target
         else:  # no child accepted (or a leaf): the next token comes from the current q
             next_token = int(draw(target, generator))
             return TreeVerification(path, next_token, not children[row])
+
+
+_ON_DEVICE = {}  # ("values", values, device) -> a long tensor; ("shape", parents, device) -> a TreeShape
+
+
+def _memo(key, make):
+    """``make()``, kept under ``key`` (the oldest entries go first beyond `SHAPES`)."""
+    if key not in _ON_DEVICE:
+        if len(_ON_DEVICE) >= SHAPES:
+            del _ON_DEVICE[next(iter(_ON_DEVICE))]
+        _ON_DEVICE[key] = make()
+    return _ON_DEVICE[key]
+
+
+def on_device(values, device) -> torch.Tensor:
+    """``values`` (a sequence of ints) as a long tensor on ``device``, copied there once and kept."""
+    values = tuple(values)
+    return _memo(("values", values, str(device)), lambda: torch.tensor(values, dtype=torch.long, device=device))
+
+
+class TreeShape(NamedTuple):
+    """A tree's structure on the device (`tree_shape`): what its call's mask and its verification read."""
+
+    parents: tuple[int, ...]
+    visible: torch.Tensor  # (n + 1, n + 1) bool: `tree_attention_mask`, root first
+    depths: torch.Tensor  # (n + 1,) long: each row's depth, the root's 0
+    parent_rows: torch.Tensor  # (n,) long: each node's parent's row (0: the root)
+    earlier: torch.Tensor  # (n, n) bool: [i, j] when node j is an earlier sibling of node i
+    ranks: tuple  # per child rank r: (the nodes of rank r (m,), their parents' rows (m,)), distinct parents
+
+
+def tree_shape(parents, device) -> TreeShape:
+    """The `TreeShape` of ``parents`` on ``device``, made once per shape and device and kept."""
+    parents = tuple(check_parents(parents))
+
+    def make():
+        children = _children(list(parents))
+        earlier = torch.zeros(len(parents), len(parents), dtype=torch.bool)
+        ranks = []
+        for siblings in children:
+            for rank, node in enumerate(siblings):
+                earlier[node, siblings[:rank]] = True
+                if rank == len(ranks):
+                    ranks.append(([], []))
+                ranks[rank][0].append(node)
+                ranks[rank][1].append(parents[node] + 1)
+        return TreeShape(parents, tree_attention_mask(parents).to(device), tree_positions(parents).to(device),
+                         torch.tensor([parent + 1 for parent in parents], dtype=torch.long, device=device), earlier.to(device),
+                         tuple((torch.tensor(nodes, dtype=torch.long, device=device), torch.tensor(rows, device=device))
+                               for nodes, rows in ranks))
+    return _memo(("shape", parents, str(device)), make)

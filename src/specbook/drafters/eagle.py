@@ -28,7 +28,7 @@ import torch
 
 from ..cache import rollback
 from ..heads import EagleHead, check_hidden_size
-from ..trees import DynamicTree, TreeSpec, grow_dynamic_tree, tree_model_inputs
+from ..trees import DynamicTree, TreeSpec, grow_dynamic_tree, on_device, tree_inputs
 from .base import Draft, Drafter
 
 
@@ -67,7 +67,7 @@ class EagleDrafter(Drafter):
         self.cache = self.head.new_cache()
         self.tokens = input_ids[0, 1:]  # (m,): committed tokens x_{t+1} whose pair (f_t, x_{t+1}) is not fed yet
         self.features = []  # their features f_t: the (n, hidden) blocks the engine handed over
-        self.proposed = []  # this step's drafts
+        self.proposed = input_ids[0, :0]  # (n,): this step's drafts
         self.fed = 0  # pairs of this step's drafts in the cache, all built on predicted features
         self.calls = 0
 
@@ -94,7 +94,7 @@ class EagleDrafter(Drafter):
             draft = self._dynamic(k, predicted)
         else:
             draft = self._tree(self.tree.truncated(k), predicted)
-        self.proposed = draft.tokens.tolist()
+        self.proposed = draft.tokens
         return draft
 
     def _chain(self, k, predicted, sampler, generator, keep_drafting):
@@ -115,25 +115,25 @@ class EagleDrafter(Drafter):
         tokens = []  # per depth
         for depth in range(1, tree.depth + 1):
             level = [node for node, node_depth in enumerate(tree.depths) if node_depth == depth]  # contiguous
-            parent_rows = [tree.parents[node] + 1 for node in level]  # rows of predicted: 0 the root, i + 1 node i
-            ranks = torch.tensor([tree.ranks[node] for node in level], device=predicted.device)
-            ranked = self.logits(predicted[parent_rows]).topk(int(ranks.max()) + 1).indices  # (m, max rank + 1)
-            tokens.append(ranked.gather(1, ranks[:, None])[:, 0])
+            # rows of predicted (0 the root, i + 1 node i), and ranks, on the device once per shape
+            parent_rows = on_device([tree.parents[node] + 1 for node in level], predicted.device)
+            ranks = [tree.ranks[node] for node in level]
+            ranked = self.logits(predicted.index_select(0, parent_rows)).topk(max(ranks) + 1).indices  # (m, rank + 1)
+            tokens.append(ranked.gather(1, on_device(ranks, predicted.device)[:, None])[:, 0])
             if depth < tree.depth:  # feed this level, each node paired with its parent's predicted feature
-                inputs = tree_model_inputs(tree.parents[: level[-1] + 1], self.cache.get_seq_length() - self.fed - 1,
-                                           in_cache=level[0] + 1, dtype=predicted.dtype, device=predicted.device)
-                predicted = torch.cat([predicted, self._feed(predicted[parent_rows], tokens[-1], **inputs)])
+                inputs = tree_inputs(tree.parents[: level[-1] + 1], self.cache, level[0] + 1, predicted.dtype,
+                                     predicted.device)
+                predicted = torch.cat([predicted, self._feed(predicted.index_select(0, parent_rows), tokens[-1],
+                                                             **inputs)])
                 self.fed += len(level)
         return Draft(torch.cat(tokens), parents=tree.parents)
 
     def _dynamic(self, k, predicted):
         """EAGLE-2: grow a `DynamicTree`, each expanded level's pairs fed with the tree mask."""
-        context = self.cache.get_seq_length() - 1  # pairs before the root's
-
         def feed(tokens, fed_parents):  # (m,) new nodes -> their log p (m, vocab)
             nonlocal predicted  # (1 + nodes fed, hidden): row 0 the root, row i + 1 the i-th node fed
-            inputs = tree_model_inputs(fed_parents, context, in_cache=len(fed_parents) - len(tokens) + 1,
-                                       dtype=predicted.dtype, device=predicted.device)
+            inputs = tree_inputs(fed_parents, self.cache, len(fed_parents) - len(tokens) + 1, predicted.dtype,
+                                 predicted.device)
             parent_rows = [parent + 1 for parent in fed_parents[-len(tokens):]]
             features = self._feed(predicted[parent_rows], tokens, **inputs)  # (m, hidden)
             predicted, self.fed = torch.cat([predicted, features]), len(fed_parents)
@@ -144,6 +144,11 @@ class EagleDrafter(Drafter):
 
     def update(self, num_accepted, next_token, path=None):
         rollback(self.cache, self.fed)  # every drafted pair: the committed ones come back with true features
-        accepted = [self.proposed[node] for node in path] if path is not None else self.proposed[:num_accepted]
-        self.tokens = torch.cat([self.tokens, torch.tensor(accepted + [next_token], device=self.tokens.device)])
-        self.proposed, self.fed = [], 0
+        accepted = self.proposed[:num_accepted]  # (accepted,), on the device: a chain's, or a tree's path's
+        if path is not None:  # the path's nodes as verification left them on the device (`Path.order`)
+            nodes = path.order[: len(path)] if getattr(path, "order", None) is not None else on_device(
+                path, self.proposed.device)
+            accepted = self.proposed.index_select(0, nodes)
+        next_token = torch.full((1,), next_token, dtype=self.tokens.dtype, device=self.tokens.device)  # no copy
+        self.tokens = torch.cat([self.tokens, accepted, next_token])
+        self.proposed, self.fed = self.proposed[:0], 0

@@ -4,8 +4,9 @@ The draft model expands a `specbook.trees.TreeSpec` one depth at a time: the pen
 fed as a plain sequence, which gives the root's distribution; the root's children are picked from
 it; then all nodes of depth 1 are fed at once with the tree attention mask, which gives their
 distributions; and so on. The deepest nodes are picked but never fed, like a chain drafter's last
-token. After verification the draft cache keeps only the accepted path
-(`specbook.cache.keep_positions`), and what it has not seen yet is queued for the next step.
+token. After verification the draft cache keeps only the accepted path (`specbook.cache.keep_tail`,
+with the path's order verification left on the device), and what it has not seen yet is queued for the
+next step.
 
 Two ways to pick a node's children, one for each lossless case of tree verification:
 
@@ -37,8 +38,8 @@ children they add or leave out are drawn, and verification does not care what sh
 
 import torch
 
-from ..cache import keep_positions
-from ..trees import DynamicTree, TreeSpec, grow_dynamic_tree, tree_forward
+from ..cache import keep_tail
+from ..trees import DynamicTree, TreeSpec, grow_dynamic_tree, on_device, tree_forward
 from .base import Draft
 from .model import ModelDrafter
 
@@ -66,7 +67,7 @@ class TopKTreeDrafter(ModelDrafter):
     def _children(self, logits, ranks, sampler, generator):
         """Tokens (m,) for m children from their parents' logits (m, vocab), and their p (None: one-hot)."""
         order = logits.topk(max(ranks) + 1).indices  # (m, max rank + 1)
-        return order.gather(1, torch.tensor(ranks, device=order.device)[:, None])[:, 0], None
+        return order.gather(1, on_device(ranks, order.device)[:, None])[:, 0], None
 
     def propose(self, k, sampler, generator, keep_drafting=None):
         logits = self.call(self.pending[None], past_key_values=self.cache,
@@ -78,14 +79,14 @@ class TopKTreeDrafter(ModelDrafter):
         tokens, probs, self.calls, drafted = [], [], self.calls + 1, 0
         for depth in range(1, tree.depth + 1):
             level = [node for node, node_depth in enumerate(tree.depths) if node_depth == depth]  # contiguous
-            rows = [tree.parents[node] + 1 for node in level]  # their parents' rows in logits
-            level_tokens, level_probs = self._children(logits[rows], [tree.ranks[node] for node in level],
-                                                       sampler, generator)
+            rows = on_device([tree.parents[node] + 1 for node in level], logits.device)  # their parents' rows
+            level_tokens, level_probs = self._children(logits.index_select(0, rows),
+                                                       [tree.ranks[node] for node in level], sampler, generator)
             tokens.append(level_tokens)
             probs.append(level_probs)
             drafted = level[-1] + 1
             if keep_drafting is not None:  # ask once per depth, about the level's most likely candidate
-                own = logits[rows].float().log_softmax(-1)  # (len(level), vocab): the draft's unwarped log p
+                own = logits.index_select(0, rows).float().log_softmax(-1)  # (len(level), vocab): unwarped log p
                 level_logp = path_logp[rows] + own.gather(1, level_tokens[:, None])[:, 0]  # (len(level),)
                 path_logp = torch.cat([path_logp, level_logp])
                 if not keep_drafting(own[int(level_logp.argmax())].exp()):
@@ -117,9 +118,12 @@ class TopKTreeDrafter(ModelDrafter):
         self._check_readable(next_token)
         path = path or []  # no path: nothing was proposed this step
         fed = [self.rows[node] for node in path if self.rows[node] is not None]  # the path's first nodes, cached
-        context = self.cache.get_seq_length() - self.fed
-        keep_positions(self.cache, list(range(context)) + [context + row for row in fed])
-        self.pending = torch.cat([self.pending, self.proposed[path[len(fed):]], self.proposed.new_tensor([next_token])])
+        order = getattr(path, "order", None)  # the path's nodes first, on the device (`specbook.tree_decision.Path`)
+        if order is None or fed != path[: len(fed)]:  # or a dynamic tree, fed in another order than its nodes'
+            order = on_device(fed + path[len(fed):], self.device)
+        keep_tail(self.cache, order, self.fed, len(fed))  # the fed nodes' rows are their indices
+        next_token = torch.full((1,), next_token, dtype=self.proposed.dtype, device=self.device)  # no host copy
+        self.pending = torch.cat([self.pending, self.proposed.index_select(0, order[len(fed):len(path)]), next_token])
         self.proposed, self.fed, self.rows = self.proposed[:0], 0, []
 
 
