@@ -49,7 +49,8 @@ from specbook.exercises.ch06c import (blockwise_accept_reference, confidence_row
 from specbook.rejection import acceptance_rate, output_distribution, residual_distribution, verify_chain
 from specbook.theory import expected_tokens_per_step, optimal_k, speedup
 from specbook.train.heads import mtp_loss
-from specbook.trees import tree_positions, verify_tree_greedy
+from specbook.tree_verification import verify_tree_greedy
+from specbook.trees import tree_positions
 
 ROOT = Path(__file__).resolve().parents[1]
 STUBS = sorted((ROOT / "exercises").glob("*.ipynb"))

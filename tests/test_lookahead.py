@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-import specbook.tree_decision
+import specbook.tree_verification
 from specbook import Sampler, autoregressive_generate, speculative_generate
 from specbook.drafters import LookaheadDrafter
 from specbook.drafters.lookahead import lookahead_parents, merge_candidates
@@ -129,7 +129,8 @@ def test_sampled_lookahead_follows_the_target(tiny_pair, sampler):
 
 def test_chi_square_catches_candidates_checked_against_the_original_target(tiny_pair, monkeypatch):
     """Trying the next candidate against the original q, instead of q without the rejected one, biases the output."""
-    monkeypatch.setattr(specbook.tree_decision, "residual_distribution", lambda target_probs, draft_probs, **_: target_probs)
+    monkeypatch.setattr(specbook.tree_verification, "residual_distribution",
+                        lambda target_probs, draft_probs, **_: target_probs)
     target, _ = tiny_pair
     assert chi_square_p_value(target, LookaheadDrafter(3, 2, 3), SAMPLERS[0], samples=400, k=1) < 1e-6
 

@@ -6,15 +6,15 @@ import torch
 import support
 
 import specbook.decoding
-import specbook.tree_decision
+import specbook.tree_verification
 from specbook.cache import keep_positions, new_cache
 from specbook.decoder import cache_and_forward
 from specbook.decoding import autoregressive_generate, speculative_generate
 from specbook.drafters import Draft, Drafter, ModelDrafter, SampledTreeDrafter, TopKTreeDrafter
 from specbook.policies import ConfidenceStop, FixedK, HeuristicK
 from specbook.sampling import Sampler
-from specbook.trees import (DynamicTree, TreeSpec, grow_dynamic_tree, tree_attention_mask, tree_forward,
-                            tree_positions, verify_tree, verify_tree_greedy)
+from specbook.tree_verification import verify_tree, verify_tree_greedy
+from specbook.trees import DynamicTree, TreeSpec, grow_dynamic_tree, tree_attention_mask, tree_forward, tree_positions
 
 from support import SAMPLERS, cached_layers, chi_square_p_value, tiny_model
 
@@ -212,7 +212,8 @@ def test_sampled_tree_output_follows_the_target(tiny_pair, drafter, sampler):
 @pytest.mark.parametrize("drafter", [TopKTreeDrafter, SampledTreeDrafter])
 def test_chi_square_catches_siblings_checked_against_the_original_target(tiny_pair, drafter, monkeypatch):
     """Keeping the original q after a rejected candidate (for the next sibling and the final draw) biases the output."""
-    monkeypatch.setattr(specbook.tree_decision, "residual_distribution", lambda target_probs, draft_probs, **_: target_probs)
+    monkeypatch.setattr(specbook.tree_verification, "residual_distribution",
+                        lambda target_probs, draft_probs, **_: target_probs)
     target, draft = tiny_pair
     assert chi_square_p_value(target, drafter(draft, (2, 2)), SAMPLERS[0], samples=400) < 1e-6
 
@@ -383,11 +384,12 @@ def test_a_dynamic_tree_keeps_the_most_likely_paths():
     fed_calls = []
 
     def feed(tokens, fed_parents):
-        fed_calls.append((tokens.tolist(), list(fed_parents)))
+        fed_calls.append((tokens.tolist(), fed_parents.tolist()))
         return table[tokens]
 
     root = table[0]
-    tokens, parents, rows = grow_dynamic_tree(root, feed, tree, depth=3)
+    tokens, parents, rows = grow_dynamic_tree(root, feed, tree, depth=3)  # on the device
+    parents, rows = parents.tolist(), rows.tolist()
     assert [len(call[0]) for call in fed_calls] == [2, 2]  # the width best of depths 1 and 2 were expanded
     # brute force: expand exactly as the rule says, score every drafted node by its path log p, keep the best 5
     def score(path):
@@ -407,7 +409,9 @@ def test_a_dynamic_tree_keeps_the_most_likely_paths():
         paths.append((paths[parents[node]] if parents[node] >= 0 else ()) + (token,))
     assert sorted(paths) == sorted(best)
     assert all(parent < node for node, parent in enumerate(parents))  # topological, ancestors kept
-    assert {paths[node] for node, row in enumerate(rows) if row is not None} == set(expanded) & set(best)
+    assert {paths[node] for node, row in enumerate(rows) if row >= 0} == set(expanded) & set(best)
+    first, second = fed_calls[1][1][:2], fed_calls[1][1][2:]  # the fed rows' parents: the root's, then rows 0, 1
+    assert first == [-1, -1] and set(second) <= {0, 1}
 
 
 @pytest.mark.parametrize("depth, width, nodes, match", [(0, 2, 4, "depth"), (2, 0, 4, "width"),

@@ -17,7 +17,8 @@ from .records import BatchGeneration, BatchStats, Generation, Stats, Step
 from .rejection import acceptance_rate, output_distribution, residual_distribution, verify_chain, verify_chain_greedy
 from .sampling import Sampler
 from .theory import expected_tokens_per_step, optimal_k, speedup
-from .trees import DynamicTree, TreeSpec, tree_attention_mask, tree_positions, verify_tree, verify_tree_greedy
+from .tree_verification import verify_tree, verify_tree_greedy
+from .trees import DynamicTree, TreeSpec, tree_attention_mask, tree_positions
 
 __all__ = [
     "BatchGeneration", "BatchSizeK", "BatchStats", "ConfidenceStop", "Draft", "DraftLength", "Drafter", "DynamicTree",

@@ -218,10 +218,10 @@ class SlotCache:
     def keep_tail(self, rows: torch.Tensor, fed: int, count: int) -> None:
         """Of the last ``fed`` slots (a tree's rows), keep the first ``count`` of ``rows`` (m,), indices among
         them on the device, increasing: they move to the front of those slots, the rest are forgotten. All m
-        move (up to ``fed`` of them, those past the fed slots clamped into them), whatever ``count`` is: the same
+        move (up to ``fed`` of them, those outside the fed slots clamped into them), whatever ``count`` is: the same
         shapes every step, and no index made on the host."""
         base = self.length - fed  # (): the first of the fed slots
-        rows = rows[:fed].clamp(max=fed - 1)  # only the first count matter
+        rows = rows[:fed].clamp(0, max(fed - 1, 0))  # only the first count matter
         source, target = base + rows, base + self.steps[: len(rows)]  # (m,), (m,)
         for buffer in (self.keys, self.values):  # (layers, KV, max_length, d)
             buffer.index_copy_(2, target, buffer.index_select(2, source))

@@ -7,13 +7,13 @@
 token -- so every step emits between 1 and K + 1 tokens, and the output follows the target's
 (warped) distribution exactly. Greedily (temperature 0) the same rule is a comparison with the
 target's argmax, `verify_chain_greedy`, with no residuals to build. A drafter may propose a token tree
-instead (a `Draft` with ``parents``): one target call with a tree attention mask scores every branch, and
-`specbook.trees.verify_tree`'s rule keeps the longest accepted path (`specbook.trees`), decided on the device
-(`specbook.tree_decision.tree_outcome`) and read once, like a chain's. On the static cache of a target the package's
-decoder runs (`specbook.decoder`), the tree's call is a replayed graph per padded tree size
-(`specbook.graphs.StaticModel.tree`) over the same buffer, and its accepted path is moved into place by
-index on the device (`specbook.cache.SlotCache.keep_tail`); a target that keeps Hugging Face's forward
-verifies trees on the dynamic cache only.
+instead (a `Draft` with ``parents``, `specbook.trees`): one target call with a tree attention mask scores
+every branch, and `specbook.tree_verification.verify_tree`'s rule keeps the longest accepted path,
+decided on the device (`specbook.tree_verification.tree_outcome`) and read once, like a chain's. On the
+static cache of a target the package's decoder runs (`specbook.decoder`), the tree's call is a replayed
+graph per padded tree size (`specbook.graphs.StaticModel.tree`) over the same buffer, and its accepted
+path is moved into place by index on the device (`specbook.cache.SlotCache.keep_tail`); a target that
+keeps Hugging Face's forward verifies trees on the dynamic cache only.
 
 Both loops keep the same bookkeeping: the target's KV cache holds every committed token except
 the last one, which is "pending" and is fed first in the next call. Verification feeds
@@ -66,7 +66,7 @@ from .graphs import StaticModel, prefill, static_model
 from .rejection import chain_outcome, chain_outcome_greedy
 from .sampling import Sampler, make_generator
 from .seq2seq import EncoderDecoderView, check_encoder_inputs, decoder_start, encode, is_encoder_decoder
-from .tree_decision import Path, tree_outcome, tree_outcome_greedy
+from .tree_verification import Path, tree_outcome, tree_outcome_greedy
 from .trees import on_device, tree_inputs, tree_positions, tree_shape
 
 
@@ -257,9 +257,9 @@ def _check_tree_cache(cache) -> None:
 def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab, features, forward):
     """Verify a tree draft with one target call; keep the accepted path in ``cache`` and tell ``drafter``.
 
-    The decision is made on the device (`specbook.tree_decision.tree_outcome`) and read once, with the drafts; the
+    The decision is made on the device (`specbook.tree_verification.tree_outcome`) and read once, with the drafts; the
     cache keeps the accepted path's rows in the order it left there (`specbook.cache.keep_tail`), and the
-    drafter gets that order too (`specbook.tree_decision.Path`). Returns the `Step`, the next pending token (1,) on
+    drafter gets that order too (`specbook.tree_verification.Path`). Returns the `Step`, the next pending token (1,) on
     the device, the target's distributions at the committed positions (accepted + 1, vocab) and the draft's
     along ``step.drafted`` (or None), for the drafter's and the policy's hooks, and, when ``features`` is
     set, the target's features at the committed positions (accepted + 1, hidden).
@@ -271,23 +271,26 @@ def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab
         raise ValueError(f"a tree of {len(tokens)} nodes after {context} tokens overflows the static cache of "
                          f"{cache.max_length}: give the engine more room (decoding.TREE_ROOM) or cache='dynamic'")
     inputs = torch.cat([pending, tokens])[None]  # (1, rows): root, nodes, side
-    logits, hidden = _target_forward(cache, inputs, features, forward,
-                                     **tree_inputs(parents, cache, 0, target.dtype, device, target.config))
+    shape = tree_shape(draft.parents, device)  # the side tree's rows make a tree of their own
+    logits, hidden = _target_forward(cache, inputs, features, forward, **tree_inputs(
+        shape if len(tokens) == n else parents, cache, 0, target.dtype, device, target.config))
     if len(tokens) > n:
         drafter.observe_side(logits[n + 1:])  # (m, vocab)
     target_probs = sampler.probs(logits[: n + 1])  # (n + 1, vocab)
-    shape = tree_shape(draft.parents, device)
     if sampler.greedy:
         outcome = tree_outcome_greedy(shape, draft.tokens, logits[: n + 1].argmax(-1))
     else:
         outcome = tree_outcome(shape, draft.tokens, draft.over(vocab), target_probs, generator)
-    accepted, next_token, *read = torch.cat([outcome, draft.tokens]).tolist()  # the step's one read
-    order, drafted = outcome[2:], read[n:]  # (n,): the path's nodes, then the others
+    shaped_there = isinstance(draft.parents, torch.Tensor)  # a tree the drafter shaped on the device
+    accepted, next_token, *read = torch.cat([outcome, draft.tokens] + ([draft.parents] if shaped_there else [])
+                                            ).tolist()  # the step's one read
+    order, drafted = outcome[2:], read[n:2 * n]  # (n,): the path's nodes, then the others
+    parents = read[2 * n:] if shaped_there else draft.parents
     rows = torch.cat([order.new_zeros(1), order + 1])  # (n + 1,): the root's row, then the nodes' in that order
     keep_tail(cache, rows, len(tokens) + 1, accepted + 1)
     path = Path(read[:accepted], order)
     drafter.update(accepted, next_token, path)
-    children = [node for node, parent in enumerate(draft.parents) if parent == (path[-1] if path else -1)]
+    children = [node for node, parent in enumerate(parents) if parent == (path[-1] if path else -1)]
     walked = path + children[:1]  # + the first rejected child
     step = Step([drafted[node] for node in walked], accepted, next_token, not children, tree_nodes=n,
                 side_nodes=len(tokens) - n)

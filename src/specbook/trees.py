@@ -10,27 +10,10 @@ of node i is exactly what the target computes after the plain sequence root, ...
 Miao et al. 2024, Section 4; Medusa, Cai et al. 2024, Section 2.1.2). The KV cache then keeps only
 the accepted path (`specbook.cache.keep_positions`).
 
-Verification walks down from the root. At each node its children are tried in order, each against
-the current target distribution q: child x, drafted from p, is accepted with probability
-min(1, q(x) / p(x)); a rejection replaces q by the residual norm((q - p)+) before the next sibling
-is tried (multi-step speculative sampling, SpecInfer Algorithm 2; multi-candidate speculative
-decoding, Yang et al. 2024, Algorithm 1). An accepted child becomes the current node, with q its
-own target row; when no child is accepted, the next token is drawn from the current, residual-
-updated q. This is lossless -- the emitted tokens follow q exactly -- when the siblings were drafted
-
-- independently, each from its own p given the path (i.i.d. samples from one p are the common case), or
-- deterministically (top-k of a draft model or a head, n-grams): p is one-hot on x, so x is accepted
-  with probability q(x) and the residual is q with x removed and renormalised -- sampling without
-  replacement, the matching rule. Several deterministic siblings are never tried twice against the
-  same mass, which is what makes distinct top-k candidates lossless.
-
-What is *not* allowed: siblings drawn without replacement from p but verified with their p (the
-i.i.d. rule would then over-accept). A drafter either samples with replacement and reports p, or
-picks deterministically and reports none.
-
-`verify_tree` walks the tree on the host, node by node, as the rule reads; the engine makes the same
-decision on the device (`specbook.tree_decision`), from the tree's shape there (`tree_shape`, copied to
-the device once per shape, as a copy from the host would make the device wait).
+Verifying a tree (`specbook.tree_verification`) keeps the longest path the target accepts. A tree's
+structure goes to the device once per shape (`tree_shape`): its call's mask is made there, whatever
+the cache's length, and a copy from the host would make the device wait. A tree the drafter shapes on
+the device (EAGLE-2's dynamic tree, `grow_dynamic_tree`) never leaves it until the step's one read.
 """
 
 from typing import NamedTuple, Sequence
@@ -40,8 +23,6 @@ import torch
 from .cache import SlotCache
 from .masks import attention_inputs
 from .policies import check_integer
-from .rejection import _accept_probs, check_distribution, residual_distribution
-from .sampling import draw
 
 SHAPES = 512  # tree shapes (and index lists) kept on each device: a static tree's few, a dynamic tree's many
 
@@ -108,13 +89,15 @@ def tree_model_inputs(parents, context_length: int, in_cache: int = 0, dtype=tor
 
 
 def tree_inputs(parents, cache, in_cache: int = 0, dtype=torch.float32, device=None, config=None) -> dict:
-    """What a model needs to feed rows in_cache..n of a tree on top of ``cache``, which ends with the tree's
-    first ``in_cache`` rows. Over a `specbook.cache.SlotCache` (the model runs on `specbook.decoder.Decoder`)
-    ``tree``: the tree's mask rows and depths on the device (`tree_shape`), which need no host to know the
-    cache's length; else `tree_model_inputs`, for Hugging Face's forward."""
+    """What a model needs to feed rows in_cache..n of a tree (``parents``, or its `TreeShape`) on top of ``cache``,
+    which ends with the tree's first ``in_cache`` rows. Over a `specbook.cache.SlotCache` (the model runs on
+    `specbook.decoder.Decoder`) ``tree``: the tree's mask rows and depths on the device (`tree_shape`), which
+    need no host to know the cache's length; else `tree_model_inputs`, for Hugging Face's forward."""
+    shape = parents if isinstance(parents, TreeShape) else None
     if isinstance(cache, SlotCache):
-        shape = tree_shape(parents, device)
+        shape = shape or tree_shape(parents, device)
         return {"tree": (shape.visible[in_cache:], shape.depths)}
+    parents = shape.parents if shape is not None else parents
     return tree_model_inputs(parents, cache.get_seq_length() - in_cache, in_cache, dtype, device, config)
 
 
@@ -206,137 +189,57 @@ class DynamicTree:
 
 
 def grow_dynamic_tree(root_log_probs: torch.Tensor, feed, tree: DynamicTree, depth: int):
-    """Draft a `DynamicTree` of at most ``depth`` levels; return the kept nodes.
+    """Draft a `DynamicTree` of at most ``depth`` levels; return the kept nodes. All on the device: the
+    tree is shaped there, by top-k and sorts, and nothing is read until the engine reads the step's outcome.
 
     ``root_log_probs`` (vocab,) is the draft's log p after the root (the pending token).
     ``feed(tokens, fed_parents)`` runs the draft on newly expanded nodes, ``tokens`` (m,), on top of
-    those fed before; ``fed_parents`` lists the parent of every node fed so far, these m last, in
-    feeding order (-1 the root): a tree of its own, which `tree_model_inputs` turns into a mask. It
-    returns their log p (m, vocab). Returns the kept nodes' ``tokens`` (n,) in topological order,
-    their ``parents`` and, for each, its row among the fed nodes (None if it was never fed).
+    those fed before; ``fed_parents`` (a long tensor) holds the parent of every node fed so far, these m
+    last, in feeding order (-1 the root): a tree of its own, which `tree_inputs` turns into a mask. It
+    returns their log p (m, vocab). Returns the kept nodes' ``tokens`` (n,) in topological order, their
+    ``parents`` (n,) and, for each, its row among the fed nodes (n,) (-1 if it was never fed).
+
+    Nodes are numbered level by level: the root's w children, then w children of each of the w nodes of a
+    level expanded (w = ``tree.width``), in the order they were expanded, so every level but the first has
+    w * w nodes and every shape is known before the tree is drafted.
     """
-    tokens, parents, scores = [], [], []  # every node drafted; scores: its path log-probability
-    fed, fed_parents = [], []  # drafted nodes fed to the draft, in order, and their parents' rows there
-    frontier, frontier_log_probs, frontier_scores = [-1], root_log_probs[None].float(), [0.0]
+    device, width = root_log_probs.device, min(tree.width, root_log_probs.shape[-1])
     levels = min(depth, tree.depth)
-    for level in range(1, levels + 1):
-        top = frontier_log_probs.topk(min(tree.width, frontier_log_probs.shape[-1]))  # (f, w)
-        level_scores = (torch.tensor(frontier_scores, device=top.values.device)[:, None] + top.values).flatten()
-        first = len(tokens)
-        tokens += top.indices.flatten().tolist()
-        parents += [node for node in frontier for _ in range(top.indices.shape[1])]
-        scores += level_scores.tolist()
-        if level == levels:
-            break
-        frontier = sorted(first + i for i in level_scores.topk(min(tree.width, len(level_scores))).indices.tolist())
-        rows = {node: row for row, node in enumerate(fed)}
-        fed_parents += [rows.get(parents[node], -1) for node in frontier]
-        fed += frontier
-        frontier_log_probs = feed(torch.tensor([tokens[node] for node in frontier], device=top.indices.device),
-                                  fed_parents).float()
-        frontier_scores = [scores[node] for node in frontier]
-    # ties go to the earlier node, so a parent (never less likely than its child) always comes first
-    keep = sorted(sorted(range(len(tokens)), key=lambda node: (-scores[node], node))[: tree.nodes])
-    index, rows = {node: i for i, node in enumerate(keep)}, {node: row for row, node in enumerate(fed)}
-    kept_parents = [index[parents[node]] if parents[node] >= 0 else -1 for node in keep]
-    return (torch.tensor([tokens[node] for node in keep], device=root_log_probs.device), kept_parents,
-            [rows.get(node) for node in keep])
+    top = root_log_probs.float().topk(width)  # the first level: the root's w best children
+    tokens, scores = [top.indices], [top.values]  # per level, every node drafted; scores: its path log p
+    parents = [torch.full((width,), -1, device=device)]
+    fed, fed_parents = [], root_log_probs.new_empty(0, dtype=torch.long)  # nodes expanded, and their parents' rows
+    for level in range(1, levels):
+        first = sum(len(level_tokens) for level_tokens in tokens[:-1])  # the level's first node
+        frontier = scores[-1].topk(width).indices.sort().values  # (w,): the level's nodes to expand, in order
+        # a node's parent was the (index // w)-th node expanded at the level above: its row among the fed
+        above = -torch.ones_like(frontier) if level == 1 else len(fed_parents) - width + frontier // width
+        fed.append(first + frontier)
+        fed_parents = torch.cat([fed_parents, above])
+        log_probs = feed(tokens[-1].gather(0, frontier), fed_parents).float()  # (w, vocab)
+        top = log_probs.topk(width)  # (w, w)
+        tokens.append(top.indices.flatten())
+        scores.append((scores[-1].gather(0, frontier)[:, None] + top.values).flatten())
+        parents.append(fed[-1].repeat_interleave(width))
+    tokens, scores, parents = torch.cat(tokens), torch.cat(scores), torch.cat(parents)  # (total,)
+    rows = torch.full_like(tokens, -1)
+    if fed:
+        fed = torch.cat(fed)
+        rows[fed] = torch.arange(len(fed), device=device)
+    # ties go to the earlier node (a stable sort), so a parent (never less likely than its child) comes first
+    keep = scores.sort(descending=True, stable=True).indices[: tree.nodes].sort().values  # (n,)
+    index = torch.full_like(tokens, -1)
+    index[keep] = torch.arange(len(keep), device=device)
+    kept_parents = parents[keep]
+    return tokens[keep], torch.where(kept_parents >= 0, index[kept_parents.clamp(min=0)], -1), rows[keep]
 
 
-class TreeVerification(NamedTuple):
-    """The outcome of verifying a tree: emit the tokens of the nodes in ``path``, then ``next_token``.
-
-    ``path`` lists the accepted node indices from the root down; ``bonus`` is True when its last
-    node is a leaf, so next_token came from that leaf's target row with nothing left to try.
-    """
-
-    path: list[int]
-    next_token: int
-    bonus: bool
-
-
-def _children(parents: list[int]) -> list[list[int]]:
+def children_of(parents: list[int]) -> list[list[int]]:
     """children[i + 1] lists node i's children in order; children[0] the root's."""
     children = [[] for _ in range(len(parents) + 1)]
     for node, parent in enumerate(parents):
         children[parent + 1].append(node)
     return children
-
-
-def _check_tree(tokens, parents, target_rows: torch.Tensor, name: str = "target_probs") -> list[int]:
-    """Validate tokens (n,) against parents (n,) and a (n + 1, vocab) target tensor; return parents as a list."""
-    parents = check_parents(parents)
-    if not isinstance(tokens, torch.Tensor) or tokens.ndim != 1 or tokens.is_floating_point() \
-            or tokens.dtype == torch.bool:
-        raise ValueError("tokens must be a 1-D integer tensor of token ids")
-    if tokens.shape[0] != len(parents):
-        raise ValueError(f"tokens and parents must have the same length (got {tokens.shape[0]} and {len(parents)})")
-    if target_rows.ndim < 1 or target_rows.shape[0] != len(parents) + 1:
-        raise ValueError(f"{name} must have n + 1 = {len(parents) + 1} rows, root first "
-                         f"(got shape {tuple(target_rows.shape)})")
-    return parents
-
-
-def verify_tree_greedy(tokens: torch.Tensor, parents, target_tokens: torch.Tensor) -> TreeVerification:
-    """Greedy tree verification: the longest path whose every token is the target's argmax at its parent.
-
-    ``target_tokens`` (n + 1,) are the target's greedy tokens after the root and after each node.
-    From the root, the first child equal to the target's token is accepted, and so on down; then
-    the target's token after the last accepted node follows. The same answer `verify_tree` gives
-    for one-hot target distributions, written out for reading.
-    """
-    parents = _check_tree(tokens, parents, target_tokens, "target_tokens")
-    children, tokens, target_tokens = _children(parents), tokens.tolist(), target_tokens.tolist()
-    path, row = [], 0  # row 0 is the root, row i + 1 node i
-    while True:
-        matches = [child for child in children[row] if tokens[child] == target_tokens[row]]
-        if not matches:
-            return TreeVerification(path, target_tokens[row], not children[row])
-        path.append(matches[0])
-        row = matches[0] + 1
-
-
-def verify_tree(tokens: torch.Tensor, parents, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                generator: torch.Generator | None = None, *, validate: bool = True) -> TreeVerification:
-    """Verify a token tree with one batch of target probabilities (SpecInfer's multi-step speculative sampling).
-
-    tokens (n,) and parents (n,) are the tree (topological order, -1 for the root's children);
-    draft_probs (n, vocab) the distribution each node was drafted from (one-hot rows for a
-    deterministic drafter); target_probs (n + 1, vocab) the target's distributions after the
-    root (row 0) and after each node (row i + 1). One rule serves both lossless cases of the
-    module docstring: siblings drawn independently, each with its p (accept with min(1, q/p), else
-    q <- norm((q - p)+)), and deterministic siblings with one-hot p, for which the same two lines
-    are the matching rule (accept with q(x), else remove x from q). One uniform per node is drawn
-    up front; node i uses the i-th.
-    validate=False skips the input checks (for a decode loop whose inputs are known good).
-    """
-    parents = _check_tree(tokens, parents, target_probs) if validate else check_parents(parents)
-    if validate:
-        check_distribution(draft_probs, "draft_probs")
-        check_distribution(target_probs, "target_probs")
-        if draft_probs.ndim != 2 or draft_probs.shape != (len(parents), target_probs.shape[-1]):
-            raise ValueError(f"draft_probs must have shape (n, vocab) = ({len(parents)}, {target_probs.shape[-1]}) "
-                             f"(got {tuple(draft_probs.shape)})")
-        if ((tokens < 0) | (tokens >= draft_probs.shape[1])).any():
-            raise ValueError(f"tokens must be token ids in [0, {draft_probs.shape[1]}) (got {tokens.tolist()})")
-        nodes = torch.arange(len(parents), device=draft_probs.device)
-        if (draft_probs[nodes, tokens.to(draft_probs.device)] <= 0).any():
-            raise ValueError("draft_probs must give each of tokens a positive probability")
-    children, token_list = _children(parents), tokens.tolist()
-    # float32 uniforms even for half-precision probs: u < a must hold with probability a.
-    uniforms = torch.rand(len(token_list), generator=generator, device=target_probs.device).tolist()  # (n,)
-    path, row, target = [], 0, target_probs[0]  # the current node's row and its (residual-updated) q
-    while True:
-        for child in children[row]:
-            token = token_list[child]
-            if uniforms[child] < _accept_probs(target[token], draft_probs[child, token]):
-                path.append(child)
-                row, target = child + 1, target_probs[child + 1]
-                break
-            target = residual_distribution(target, draft_probs[child], validate=False)  # (vocab,)
-        else:  # no child accepted (or a leaf): the next token comes from the current q
-            next_token = int(draw(target, generator))
-            return TreeVerification(path, next_token, not children[row])
 
 
 _ON_DEVICE = {}  # ("values", values, device) -> a long tensor; ("shape", parents, device) -> a TreeShape
@@ -365,15 +268,19 @@ class TreeShape(NamedTuple):
     depths: torch.Tensor  # (n + 1,) long: each row's depth, the root's 0
     parent_rows: torch.Tensor  # (n,) long: each node's parent's row (0: the root)
     earlier: torch.Tensor  # (n, n) bool: [i, j] when node j is an earlier sibling of node i
-    ranks: tuple  # per child rank r: (the nodes of rank r (m,), their parents' rows (m,)), distinct parents
+    ranks: tuple | None  # per child rank r: (the nodes of rank r (m,), their parents' rows (m,)), distinct parents
 
 
 def tree_shape(parents, device) -> TreeShape:
-    """The `TreeShape` of ``parents`` on ``device``, made once per shape and device and kept."""
+    """The `TreeShape` of ``parents`` on ``device``, made once per shape and device and kept. ``parents`` may also
+    be a long tensor on the device (a tree the drafter shaped there: `grow_dynamic_tree`): its shape is then
+    made there, every time, without reading it (and ``ranks`` is None)."""
+    if isinstance(parents, torch.Tensor):
+        return _shape_of(parents)
     parents = tuple(check_parents(parents))
 
     def make():
-        children = _children(list(parents))
+        children = children_of(list(parents))
         earlier = torch.zeros(len(parents), len(parents), dtype=torch.bool)
         ranks = []
         for siblings in children:
@@ -388,3 +295,17 @@ def tree_shape(parents, device) -> TreeShape:
                          tuple((torch.tensor(nodes, dtype=torch.long, device=device), torch.tensor(rows, device=device))
                                for nodes, rows in ranks))
     return _memo(("shape", parents, str(device)), make)
+
+
+def _shape_of(parents: torch.Tensor) -> TreeShape:
+    """The `TreeShape` of a tree whose ``parents`` (n,) are on the device, made there: each row sees itself and
+    its parent, and squaring that relation log2(n) times reaches every ancestor."""
+    n = len(parents)
+    parent_rows = parents + 1  # (n,)
+    sees = torch.eye(n + 1, device=parents.device)  # (n + 1, n + 1): itself, and below its parent
+    sees[1:].scatter_(1, parent_rows[:, None], 1.0)
+    for _ in range(max(n, 1).bit_length()):  # paths of 2, 4, 8, ... steps up
+        sees = (sees @ sees).clamp(max=1.0)
+    visible = sees > 0
+    earlier = (parents[:, None] == parents[None, :]).tril(-1)  # (n, n): same parent, an earlier node
+    return TreeShape(parents, visible, visible.sum(-1) - 1, parent_rows, earlier, None)

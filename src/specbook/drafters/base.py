@@ -25,7 +25,9 @@ class Draft:
 
     ``parents`` None is a chain: token i continues token i - 1. Otherwise the draft is a token
     tree: ``parents[i]`` is the node token i continues, -1 for the pending token, parents before
-    children (`specbook.trees` says which trees verify losslessly).
+    children (`specbook.trees` says which trees verify losslessly). A list, or a long tensor on the
+    device for a tree the drafter shaped there (EAGLE-2's, `specbook.trees.grow_dynamic_tree`), which
+    the engine reads with the step's outcome; such a tree is deterministic (``probs`` None).
 
     ``side_tokens`` (m,) with ``side_parents`` (m,) is a second tree after the pending token that
     the target scores in the same call but nobody verifies: its rows only feed the drafter's next
@@ -35,9 +37,14 @@ class Draft:
 
     tokens: torch.Tensor  # (n,) long
     probs: torch.Tensor | None = None  # (n, vocab) or None
-    parents: list[int] | None = None  # (n,) or None for a chain
+    parents: list[int] | torch.Tensor | None = None  # (n,) or None for a chain
     side_tokens: torch.Tensor | None = None  # (m,) long, or None
     side_parents: list[int] | None = None  # (m,) or None
+
+    def __post_init__(self):
+        if isinstance(self.parents, torch.Tensor) and self.probs is not None:
+            raise ValueError("a tree shaped on the device (parents a tensor) must be deterministic (probs None): its "
+                             "verification removes each rejected sibling's token from q")
 
     def __len__(self) -> int:
         return self.tokens.shape[0]

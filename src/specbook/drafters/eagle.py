@@ -134,8 +134,7 @@ class EagleDrafter(Drafter):
             nonlocal predicted  # (1 + nodes fed, hidden): row 0 the root, row i + 1 the i-th node fed
             inputs = tree_inputs(fed_parents, self.cache, len(fed_parents) - len(tokens) + 1, predicted.dtype,
                                  predicted.device)
-            parent_rows = [parent + 1 for parent in fed_parents[-len(tokens):]]
-            features = self._feed(predicted[parent_rows], tokens, **inputs)  # (m, hidden)
+            features = self._feed(predicted.index_select(0, fed_parents[-len(tokens):] + 1), tokens, **inputs)  # (m, .)
             predicted, self.fed = torch.cat([predicted, features]), len(fed_parents)
             return self.logits(features).float().log_softmax(-1)
 

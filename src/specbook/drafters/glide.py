@@ -14,8 +14,8 @@ CaPE, confidence-aware proposal expansion (``generate_proposals`` in the authors
 the draft proposes its greedy chain d_1 .. d_K, and at each depth where its top-1 probability is low it
 adds the next most likely tokens as leaf siblings of d_i, as many as the confidence bin of that depth
 says (`CaPE`). One target call verifies the chain and the siblings as a token tree
-(`specbook.trees.verify_tree`): when d_i is rejected, a sibling may still be accepted, and the step
-keeps one more token. Every node is picked deterministically (argmax, then the next ranks), so the tree
+(`specbook.tree_verification.verify_tree`): when d_i is rejected, a sibling may still be accepted, and
+the step keeps one more token. Every node is picked deterministically (argmax, then the next ranks), so the tree
 is reported without p (one-hot): under sampling each node is accepted with probability q(x), else x
 leaves q and the next sibling is tried -- the rule that keeps deterministic siblings lossless. (The
 authors' sampled path tests each node on its own, without a residual: not lossless.) Tree steps run on

@@ -4,8 +4,8 @@ The draft model drafts a short chain d_1..d_g; then a pool of phrases -- runs of
 text the target has committed so far (the prompt and every output, corrections included, across
 generations: a warm pool) -- offers what followed d_g's token before. The phrases become branches of a
 token tree under d_g (a trie: phrases that share a first token share a node), and one target call
-verifies the chain and every branch (`specbook.trees.verify_tree`). When the whole chain passes and a
-phrase continues it as the target would, the step keeps tokens the draft model never drafted: phrases
+verifies the chain and every branch (`specbook.tree_verification.verify_tree`). When the whole chain
+passes and a phrase continues it as the target would, the step keeps tokens the draft model never drafted: phrases
 lengthen the draft at no draft-model cost. Training-free, like prompt lookup, but keyed on where the
 draft model's chain ends rather than on the context alone.
 

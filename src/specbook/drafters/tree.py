@@ -62,7 +62,8 @@ class TopKTreeDrafter(ModelDrafter):
     def start(self, input_ids):
         super().start(input_ids)
         self.fed = 0  # tree nodes the draft cache holds after the context
-        self.rows = []  # per proposed node: its row among those fed (in the cache), None if never fed
+        self.rows = None  # a dynamic tree's nodes' rows among those fed (n,) on the device, -1 if never fed; None
+        # for a static tree, whose first ``fed`` nodes were fed in order
 
     def _children(self, logits, ranks, sampler, generator):
         """Tokens (m,) for m children from their parents' logits (m, vocab), and their p (None: one-hot)."""
@@ -98,13 +99,12 @@ class TopKTreeDrafter(ModelDrafter):
                 self.calls += 1
                 self.fed = drafted
         self.pending = self.pending[:0]
-        self.proposed = torch.cat(tokens)
-        self.rows = [node if node < self.fed else None for node in range(drafted)]  # the fed nodes come first
+        self.proposed, self.rows = torch.cat(tokens), None
         return Draft(torch.cat(tokens), torch.cat(probs) if probs[0] is not None else None, tree.parents[:drafted])
 
     def _dynamic(self, root_logits, k):
         """Grow a `DynamicTree` from the root's logits (vocab,): each expanded level fed with the tree mask."""
-        def feed(tokens, fed_parents):  # (m,) new nodes on top of those fed before -> their log p (m, vocab)
+        def feed(tokens, fed_parents):  # (m,) new nodes on top of those fed before (parents (fed,)) -> log p (m, vocab)
             self.calls, self.fed = self.calls + 1, len(fed_parents)
             in_cache = len(fed_parents) - len(tokens) + 1  # the root and the nodes fed before
             logits = tree_forward(self.call, self.cache, tokens, fed_parents, in_cache)
@@ -117,14 +117,16 @@ class TopKTreeDrafter(ModelDrafter):
     def update(self, num_accepted, next_token, path=None):
         self._check_readable(next_token)
         path = path or []  # no path: nothing was proposed this step
-        fed = [self.rows[node] for node in path if self.rows[node] is not None]  # the path's first nodes, cached
-        order = getattr(path, "order", None)  # the path's nodes first, on the device (`specbook.tree_decision.Path`)
-        if order is None or fed != path[: len(fed)]:  # or a dynamic tree, fed in another order than its nodes'
-            order = on_device(fed + path[len(fed):], self.device)
-        keep_tail(self.cache, order, self.fed, len(fed))  # the fed nodes' rows are their indices
+        order = getattr(path, "order", None)  # the path's nodes first, on the device (`tree_verification.Path`)
+        order = on_device(path, self.device) if order is None else order
+        if self.rows is None:  # a static tree: its fed nodes are its first, each at its own row
+            fed, rows = sum(node < self.fed for node in path), order
+        else:  # a dynamic tree: the path's nodes but its last had children, so were fed; the last is fed again
+            fed, rows = max(len(path) - 1, 0), self.rows.index_select(0, order)
+        keep_tail(self.cache, rows, self.fed, fed)  # the path's first ``fed`` nodes stay, in order
         next_token = torch.full((1,), next_token, dtype=self.proposed.dtype, device=self.device)  # no host copy
-        self.pending = torch.cat([self.pending, self.proposed.index_select(0, order[len(fed):len(path)]), next_token])
-        self.proposed, self.fed, self.rows = self.proposed[:0], 0, []
+        self.pending = torch.cat([self.pending, self.proposed.index_select(0, order[fed:len(path)]), next_token])
+        self.proposed, self.fed, self.rows = self.proposed[:0], 0, None
 
 
 class SampledTreeDrafter(TopKTreeDrafter):

@@ -2,8 +2,8 @@
 tree verification, what a node emits when its candidates are tested without the residual, and the
 tokens per call a static tree expects. The exercises that build a tree are checked in `ch06`.
 
-The reference of greedy verification is the package's, `specbook.trees.verify_tree_greedy`. Where the
-package has no function the reference is written here: the walk over one node's deterministic
+The reference of greedy verification is the package's, `specbook.tree_verification.verify_tree_greedy`.
+Where the package has no function the reference is written here: the walk over one node's deterministic
 candidates, computed exactly (with the residual update it returns q, as `specbook.verify_tree` does;
 without it, the biased shortcut of §6.3), and the expected tokens per call of a static tree under an
 i.i.d. acceptance model, the sum over its nodes of the product of the accuracies along each node's
@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from ..drafters.medusa import DEFAULT_TREE
-from ..trees import TreeSpec, tree_positions, verify_tree_greedy
+from ..tree_verification import verify_tree_greedy
+from ..trees import TreeSpec, tree_positions
 from .core import Case, Check, _as_float, _as_int, _as_ints, _as_vector, _close, _fmt, _probs, _random_pair, \
     _same_number, _type_name
 

@@ -7,15 +7,16 @@ import pytest
 import torch
 
 import specbook.graphs
-import specbook.tree_decision
-from specbook import Sampler, autoregressive_generate, speculative_generate
+import specbook.tree_verification
+from specbook import DynamicTree, Sampler, autoregressive_generate, speculative_generate
 from specbook.cache import SlotCache, keep_positions, keep_tail, new_cache
 from specbook.decoder import decoder_for
-from specbook.drafters import SampledTreeDrafter, TopKTreeDrafter
+from specbook.drafters import Draft, EagleDrafter, MedusaDrafter, SampledTreeDrafter, TopKTreeDrafter
 from specbook.graphs import TREE_BUCKETS, static_model
+from specbook.heads import EagleHead, MedusaHeads
 from specbook.profile import host_reads
-from specbook.tree_decision import tree_outcome, tree_outcome_greedy
-from specbook.trees import tree_shape, verify_tree, verify_tree_greedy
+from specbook.tree_verification import tree_outcome, tree_outcome_greedy, verify_tree, verify_tree_greedy
+from specbook.trees import tree_shape
 
 from support import SAMPLERS, cached_layers, chi_square_p_value, tiny_model
 
@@ -46,6 +47,46 @@ def test_the_device_decides_what_the_walk_decides(deterministic):
         outcome = tree_outcome(tree_shape(parents, "cpu"), tokens, draft, target,
                                torch.Generator().manual_seed(case)).tolist()
         assert (outcome[0], outcome[2:2 + outcome[0]], outcome[1]) == (len(walk.path), walk.path, walk.next_token)
+
+
+def _distinct_siblings_tree(rng, n, vocab):
+    """A random tree whose siblings hold distinct tokens (a deterministic drafter's top-k), as a tensor on the
+    device would come from `grow_dynamic_tree`."""
+    parents, tokens = _random_tree(rng, n), []
+    for node, parent in enumerate(parents):
+        taken = {tokens[other] for other in range(node) if parents[other] == parent}
+        tokens.append(rng.choice([token for token in range(vocab) if token not in taken]))
+    return torch.tensor(parents), torch.tensor(tokens)
+
+
+def test_a_shape_made_on_the_device_is_the_hosts():
+    rng = random.Random(2)
+    for _ in range(100):
+        parents = _random_tree(rng, rng.randrange(1, 20))
+        host, device = tree_shape(parents, "cpu"), tree_shape(torch.tensor(parents), "cpu")
+        for field in ("visible", "depths", "parent_rows", "earlier"):
+            assert torch.equal(getattr(host, field), getattr(device, field)), field
+        assert device.ranks is None
+
+
+def test_a_tree_shaped_on_the_device_is_decided_as_the_walk_decides():
+    """Without ranks (a tree shaped on the device), distinct one-hot siblings: removing each rejected token
+    from q at once gives the walk's path and token from the same generator."""
+    rng, data = random.Random(3), torch.Generator().manual_seed(3)
+    for case in range(300):
+        n, vocab = rng.randrange(1, 10), 6
+        parents, tokens = _distinct_siblings_tree(rng, n, vocab)
+        target = _probs(data, n + 1, vocab, rng.choice([1.0, 4.0]))
+        one_hot = torch.nn.functional.one_hot(tokens, vocab).float()
+        walk = verify_tree(tokens, parents.tolist(), one_hot, target, torch.Generator().manual_seed(case))
+        outcome = tree_outcome(tree_shape(parents, "cpu"), tokens, one_hot, target,
+                               torch.Generator().manual_seed(case)).tolist()
+        assert (outcome[0], outcome[2:2 + outcome[0]], outcome[1]) == (len(walk.path), walk.path, walk.next_token)
+
+
+def test_a_tree_shaped_on_the_device_must_be_deterministic():
+    with pytest.raises(ValueError, match="must be deterministic"):
+        Draft(torch.tensor([1, 2]), torch.full((2, 4), 0.25), torch.tensor([-1, 0]))
 
 
 def test_the_greedy_decision_is_the_greedy_walks():
@@ -125,6 +166,11 @@ def test_a_trees_call_replays_its_padded_graph(models, tree, replayed):
         assert cache.known == int(cache.length)
 
 
+def _seeded(kind, *args):
+    torch.manual_seed(0)
+    return kind(*args).eval()  # a module in training mode keeps Hugging Face's forward
+
+
 def _reads_per_step(target, drafter, sampler):
     counts = []
     for new_tokens in (10, 40):
@@ -138,14 +184,20 @@ def _reads_per_step(target, drafter, sampler):
     return (long - short) / (long_steps - short_steps)
 
 
-@pytest.mark.parametrize("make", [lambda draft: TopKTreeDrafter(draft, (2, 2, 1)),
-                                  lambda draft: SampledTreeDrafter(draft, (3, 2))], ids=["top-k", "sampled"])
+@pytest.mark.parametrize("make", [
+    lambda target, draft: TopKTreeDrafter(draft, (2, 2, 1)),
+    lambda target, draft: SampledTreeDrafter(draft, (3, 2)),
+    lambda target, draft: TopKTreeDrafter(draft, DynamicTree(3, 3, 8)),
+    lambda target, draft: MedusaDrafter(target, _seeded(MedusaHeads, target.config.hidden_size, 3)),
+    lambda target, draft: EagleDrafter(target, _seeded(EagleHead, target.config), tree=(2, 2)),
+    lambda target, draft: EagleDrafter(target, _seeded(EagleHead, target.config), tree=DynamicTree(3, 2, 6)),
+], ids=["top-k", "sampled", "dynamic", "medusa", "eagle", "eagle-2"])
 @pytest.mark.parametrize("sampler", [Sampler(0), Sampler(1.0)], ids=["greedy", "sampled"])
 def test_one_host_read_per_tree_step(models, make, sampler, replayed):
-    """The decision, the drafts and the path's order come back in one read; both caches keep the path on the
-    device."""
+    """The decision, the drafts (and a tree shaped on the device) and the path's order come back in one read;
+    the caches keep the path on the device."""
     target, draft = models
-    assert _reads_per_step(target, lambda: make(draft), sampler) <= 1
+    assert _reads_per_step(target, lambda: make(target, draft), sampler) <= 1
 
 
 def test_a_read_more_per_tree_step_is_caught(models, replayed, monkeypatch):
@@ -161,7 +213,9 @@ def test_a_read_more_per_tree_step_is_caught(models, replayed, monkeypatch):
 
 
 @pytest.mark.parametrize("make", [lambda draft: TopKTreeDrafter(draft, (2, 2)),
-                                  lambda draft: SampledTreeDrafter(draft, (3, 2))], ids=["top-k", "sampled"])
+                                  lambda draft: SampledTreeDrafter(draft, (3, 2)),
+                                  lambda draft: TopKTreeDrafter(draft, DynamicTree(2, 2, 3))],
+                         ids=["top-k", "sampled", "dynamic"])
 def test_sampled_trees_on_the_graphs_follow_the_target(tiny_pair, make, replayed):
     target, draft = tiny_pair
     assert chi_square_p_value(target, make(draft), SAMPLERS[1], cache="static") > 1e-3
@@ -169,7 +223,7 @@ def test_sampled_trees_on_the_graphs_follow_the_target(tiny_pair, make, replayed
 
 def test_chi_square_on_the_graphs_catches_siblings_checked_against_the_original_target(tiny_pair, replayed,
                                                                                       monkeypatch):
-    monkeypatch.setattr(specbook.tree_decision, "residual_distribution", lambda target_probs, draft_probs, **_:
+    monkeypatch.setattr(specbook.tree_verification, "residual_distribution", lambda target_probs, draft_probs, **_:
                         target_probs)
     target, draft = tiny_pair
     assert chi_square_p_value(target, TopKTreeDrafter(draft, (2, 2)), SAMPLERS[0], samples=400, cache="static") < 1e-6
