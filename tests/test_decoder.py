@@ -6,11 +6,11 @@ import torch
 import transformers
 
 from families import FAMILIES, tiny_family_model
-from specbook import Sampler, autoregressive_generate, graphs, load_pair, speculative_generate
+from specbook import Sampler, autoregressive_generate, decoding, graphs, load_pair, speculative_generate
 from specbook.cache import SlotCache, new_cache, rollback
 from specbook.decoder import FAMILIES as SERVED
 from specbook.decoder import Decoder, decoder_for, forward_name, serves
-from specbook.drafters import LookaheadDrafter, OuroborosDrafter, TopKTreeDrafter
+from specbook.drafters import LookaheadDrafter, ModelDrafter, OuroborosDrafter, TopKTreeDrafter
 from specbook.kernels import count_kernels
 from specbook.packed import pack_linears
 from specbook.trees import DynamicTree, tree_forward
@@ -184,6 +184,26 @@ def test_decoding_stays_within_its_kernels(stand_in):
     kernels = count_kernels(lambda: generations.append(
         speculative_generate(target, draft, prompt, 64, k=5, sampler=Sampler(0), cache="static")))
     assert kernels <= 370 * len(generations[0].steps)
+
+
+@pytest.mark.parametrize("sampler, budget", [(Sampler(0), 5), (Sampler(1.0), 10)], ids=["greedy", "sampled"])
+def test_the_engines_own_kernels_per_step_stay_within_their_budget(stand_in, sampler, budget):
+    """Outside the target's calls and the draft's (a chain's call and its accept decision are one replay), the
+    engine launches at most 5 kernels a speculative step greedily and 10 sampled (it launched 25 and 46): a long
+    and a short generation, the difference over the difference in steps."""
+    target, draft, prompt = stand_in.target, stand_in.draft, stand_in.encode("ROMEO:\n")
+    excluding = [(decoding, "_target_forward"), (ModelDrafter, "propose"), (ModelDrafter, "draft_ahead")]
+    counts = []
+    for new_tokens in (24, 96):
+        for _ in range(2):  # the second generation replays what the first captured
+            generations = []
+            kernels = count_kernels(lambda: generations.append(speculative_generate(
+                target, draft, prompt, new_tokens, k=5, sampler=sampler, seed=0, cache="static")), excluding=excluding)
+        counts.append((kernels, len(generations[0].steps)))
+    (short, short_steps), (long, long_steps) = counts
+    assert long_steps > short_steps
+    assert (long - short) / (long_steps - short_steps) <= budget
+    assert any(key[0] == "verify" for key in graphs.static_model(target, 256, "target").graphs)
 
 
 def test_a_model_made_under_inference_mode_still_runs_hugging_faces_forward():

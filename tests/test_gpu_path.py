@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import specbook.graphs
+import specbook.rejection
 from specbook import decoding
 from specbook.cache import new_cache, rollback
 from specbook.decoding import STATIC_BLOCK, autoregressive_generate, gpu_path, speculative_generate
@@ -363,6 +364,15 @@ def test_padding_refused_where_the_rotary_embedding_reads_the_largest_position()
 def test_replayed_sampled_output_follows_the_target(tiny_pair, device, replayed):
     pair = [model.to(device) for model in tiny_pair]
     assert chi_square_p_value(*pair, SAMPLERS[0], samples=600, cache="static") > 1e-3
+
+
+def test_a_broken_decision_inside_the_verification_graph_is_caught(tiny_pair, device, replayed, monkeypatch):
+    """The chain's decision replays inside the target's graph (`StaticModel.verify`): drawing the correction from
+    q instead of the residual there biases the output, and the test sees it."""
+    monkeypatch.setattr(specbook.rejection, "residual_distribution",
+                        lambda target_probs, draft_probs, **_: target_probs)
+    pair = [model.to(device) for model in tiny_pair]
+    assert chi_square_p_value(*pair, SAMPLERS[0], samples=600, cache="static") < 1e-6
 
 
 def test_a_static_cache_and_its_graphs_outlive_a_generation(models, device, replayed):

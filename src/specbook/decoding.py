@@ -44,7 +44,8 @@ The same loops are the GPU path, the default on a GPU. ``cache="static"`` pre-al
 KV caches, keeps them between generations and rolls back by moving a length pointer on the device
 (`specbook.cache`); on a GPU every decode call is then one replayed CUDA graph (`specbook.graphs`), and
 ``compile=True`` fuses the kernels inside it. Drafts stay on the device, a chain's accept/reject
-decision is made there (`chain_outcome`), and the next pending token is fed from there: the host waits
+decision is made there, inside the target call's graph (`specbook.rejection.chain_decision`,
+`specbook.graphs.StaticModel.verify`), and the next pending token is fed from there: the host waits
 for the device once per step, to read the number accepted, the next token and the drafts in one copy.
 With a fixed K, a draft model queues the next step's chain before that wait (`Drafter.draft_ahead`), so
 the device goes on to the next step while the host does the bookkeeping of this one.
@@ -63,7 +64,7 @@ from .models import check_prompt, read_features, vocab_size
 from .policies import DraftLength, FixedK, as_policy
 from .records import BatchGeneration, Generation, Stats, Step, finish, step_stats
 from .graphs import StaticModel, prefill, static_model
-from .rejection import chain_outcome, chain_outcome_greedy
+from .rejection import chain_decision
 from .sampling import Sampler, make_generator
 from .seq2seq import EncoderDecoderView, check_encoder_inputs, decoder_start, encode, is_encoder_decoder
 from .tree_verification import Path, tree_outcome, tree_outcome_greedy
@@ -150,9 +151,14 @@ def _target_forward(cache, input_ids, features, forward, **inputs):
     else None).
     ``forward`` is the target, or its `StaticModel` (which calls it over ``cache`` on n positions);
     ``inputs``: a tree's mask and depths on the device (``tree``, for the decoder) or its mask and positions
-    (Hugging Face's), or how many positions' logits to keep."""
+    (Hugging Face's), or how many positions' logits to keep; or, for a replaying `StaticModel`, ``verify``:
+    a chain step's (pending, draft, sampler, generator), whose call and decision are one replay
+    (`StaticModel.verify`), returning the decision (2 + k,), the target's distributions and the features."""
     if isinstance(forward, StaticModel) and "tree" in inputs:  # a tree's graph, by its padded size
         return forward.tree(input_ids, *inputs["tree"], features)
+    if isinstance(forward, StaticModel) and "verify" in inputs:  # a chain's call and its decision
+        pending, draft, sampler, generator = inputs["verify"]
+        return forward.verify(pending, draft.tokens, draft.probs, sampler, features, generator)
     if isinstance(forward, StaticModel):
         return forward(input_ids, features, keep=inputs.get("logits_to_keep"))
     outputs = forward(input_ids, past_key_values=cache, use_cache=True, output_hidden_states=features is not None,
@@ -206,30 +212,35 @@ def _chain_step(target, cache, pending, draft, drafter, sampler, generator, voca
     """Verify a chain of drafts (or none) with one target call; roll ``cache`` back and tell ``drafter``.
 
     ``pending`` (m,) holds the tokens the cache has not seen, on the device. The step's one wait for the
-    device reads the outcome (`chain_outcome`) and the drafts in one copy; ``ahead``, if given, is called
-    with the outcome (2,) on the device just before, to queue work for the next step. Returns the `Step`, the next
-    pending token (1,) on the device, the target's distributions at the committed positions
-    (accepted + 1, vocab) and the draft's distributions (or None), for the drafter's and the policy's
-    hooks, and, when ``features`` is set, the target's features at the committed positions
-    (accepted + 1, hidden).
+    device reads the decision (`specbook.rejection.chain_decision`) and the drafts in one copy; on a
+    replaying static cache the call and the decision are one graph (`StaticModel.verify`). ``ahead``, if
+    given, is called with the outcome (2,) on the device just before, to queue work for the next step.
+    Returns the `Step`, the next pending token (1,) on the device, the target's distributions at the
+    committed positions (accepted + 1, vocab) and the draft's distributions (or None), for the drafter's
+    and the policy's hooks, and, when ``features`` is set, the target's features at the committed
+    positions (accepted + 1, hidden).
     """
     drafted = draft.tokens if draft is not None else pending[:0]  # (n,), on the device
-    inputs = torch.cat([pending, drafted])[None]  # (1, m + n)
-    logits, hidden = _target_forward(cache, inputs, features, forward, logits_to_keep=len(drafted) + 1)  # (n + 1, .)
-    target_probs = sampler.probs(logits)  # (n + 1, vocab)
-    if len(drafted) and sampler.greedy:
-        outcome = chain_outcome_greedy(drafted, logits.argmax(-1))
-    elif len(drafted):
-        outcome = chain_outcome(drafted, draft.over(vocab), target_probs, generator)
+    if isinstance(forward, StaticModel) and forward.replays and not forward.fresh and len(drafted):
+        decision, target_probs, hidden = _target_forward(cache, None, features, forward, verify=(
+            pending, draft, sampler, generator))  # the call and the decision, one replay
     else:
-        outcome = torch.stack([torch.zeros_like(drafted).sum(), sampler.sample(target_probs[0], generator)])
+        inputs = torch.cat([pending, drafted])[None]  # (1, m + n)
+        logits, hidden = _target_forward(cache, inputs, features, forward, logits_to_keep=len(drafted) + 1)
+        if len(drafted):
+            draft_probs = None if sampler.greedy else draft.over(vocab)  # greedily the decision needs no p
+            outcome, target_probs = chain_decision(logits, drafted, draft_probs, sampler, generator)
+        else:
+            target_probs = sampler.probs(logits)  # (1, vocab)
+            outcome = torch.stack([torch.zeros_like(drafted).sum(), sampler.sample(target_probs[0], generator)])
+        decision = torch.cat([outcome, drafted])  # (2 + n,)
     if ahead is not None and len(drafted):
-        ahead(outcome)
-    accepted, next_token, *drafted_ids = torch.cat([outcome, drafted]).tolist()  # the step's one sync
+        ahead(decision[:2])
+    accepted, next_token, *drafted_ids = decision.tolist()  # the step's one sync
     rollback(cache, len(drafted) - accepted)
     drafter.update(accepted, next_token)
     step = Step(drafted_ids, accepted, next_token, accepted == len(drafted) > 0)
-    return (step, outcome[1:], target_probs[: accepted + 1], draft.probs if draft is not None else None,
+    return (step, decision[1:2], target_probs[: accepted + 1], draft.probs if draft is not None else None,
             hidden[: accepted + 1] if hidden is not None else None)
 
 

@@ -21,6 +21,10 @@ without any Python of the model running. `StaticModel` does that for a Hugging F
   replay advances in place and `specbook.cache.rollback` moves back: nothing the host knows is baked in;
 - a draft model's K steps are one graph (`StaticModel.chain`): K forwards and the sampling between
   them, one launch where a loop of calls would cost the host K launches and K samplers' kernels;
+- a chain's verification is one graph (`StaticModel.verify`): the target's call on the pending token
+  and the drafts, its probabilities and the accept decision, the random numbers of a sampled step
+  drawn into buffers before the replay; a token tree's call is one graph per padded size
+  (`StaticModel.tree`), its mask made on the device from the tree's shape;
 - a generation's first call, on the prompt (and the first drafts), is one graph too, though prompts
   differ in length: the tokens are padded at their end to the next of a few sizes (`PROMPT_BUCKETS`,
   SGLang's and vLLM's way with batch sizes), one graph per size, and the pointers move back over the
@@ -40,10 +44,12 @@ buffers, the semantics of a graph, for those tests.
 import weakref
 
 import torch
+import torch.nn.functional as F
 
 from .cache import SlotCache, length_pointers, rollback
 from .decoder import cache_and_forward, decoder_for, forward_over
-from .models import read_features
+from .models import read_features, vocab_size
+from .rejection import chain_decision
 from .sampling import exponential_race
 
 OPTIONS = dict(fullgraph=True, dynamic=False)  # torch.compile: one graph per input shape, no fallback to Python
@@ -197,6 +203,45 @@ class StaticModel:
         self._replay(graph, key[0])
         logits, hidden = graph.output
         return logits[-keep:].clone(), (hidden.clone() if hidden is not None else None)
+
+    def verify(self, pending: torch.Tensor, drafted: torch.Tensor, draft_probs, sampler, features=None,
+               generator=None):
+        """A chain's verification in one replay: the model on [pending (m,), drafted (k,)], the target's
+        distributions and the accept decision (`specbook.rejection.chain_decision`), the random numbers of a
+        sampled decision drawn from ``generator`` before the replay, as the chain's noise is. ``draft_probs``
+        (k, width <= vocab) or None (one-hot drafts). Returns copies of the decision (2 + k,): [number
+        accepted, next token, the drafts], of the target's distributions (k + 1, vocab) and of the hidden
+        states ``features`` names (m + k, .) or None. Advances the length by m + k. Use it where `replays`,
+        after a generation's first call."""
+        m, k = len(pending), len(drafted)
+        draft_probs = None if sampler.greedy else draft_probs  # greedily the decision needs no p
+        key = ("verify", m, k, features, sampler, draft_probs is None)
+        if key not in self.graphs:
+            vocab = vocab_size(self.model)
+            tokens = torch.zeros((1, m + k), dtype=torch.long, device=self.model.device)
+            probs = None if draft_probs is None else torch.zeros((k, vocab), device=self.model.device,
+                                                                  dtype=draft_probs.dtype)
+            noise = None if sampler.greedy else (torch.zeros(k, device=self.model.device),
+                                                 torch.ones((k + 1, vocab), device=self.model.device))
+
+            def decide():
+                logits, hidden = self._call(tokens, features)  # as the plain call's graph: one compilation
+                drafts = tokens[0, m:]  # (k,)
+                p = probs if probs is not None or sampler.greedy else F.one_hot(drafts, vocab).float()
+                outcome, target_probs = chain_decision(logits[-k - 1:], drafts, p, sampler, noise=noise)
+                return torch.cat([outcome, drafts]), target_probs, hidden
+            self.graphs[key] = self._graph(decide), (tokens, probs, noise)
+        graph, (tokens, probs, noise) = self.graphs[key]
+        tokens[0, :m].copy_(pending)
+        tokens[0, m:].copy_(drafted)
+        if probs is not None:
+            probs[:, : draft_probs.shape[1]].copy_(draft_probs)  # a narrower draft's rows stay zero
+        if noise is not None:  # the order `chain_outcome` draws them in
+            noise[0].uniform_(generator=generator)
+            noise[1].exponential_(generator=generator)
+        self._replay(graph, m + k)
+        decision, target_probs, hidden = graph.output
+        return decision.clone(), target_probs.clone(), (hidden.clone() if hidden is not None else None)
 
     def tree(self, input_ids: torch.Tensor, visible: torch.Tensor, depths: torch.Tensor, features=None):
         """A token tree's call: logits (n, vocab) of its rows ``input_ids`` (1, n) (root first) under the tree's

@@ -9,6 +9,9 @@ kernel on a GPU, several operators on a CPU) counts once. Hugging Face's Llama w
 eight operators, which count as eight, as they launch on a GPU.
 """
 
+from contextlib import ExitStack
+from unittest import mock
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
@@ -23,10 +26,10 @@ FUSED = {F.rms_norm, torch.rms_norm}  # one kernel on a GPU
 class _Operators(TorchDispatchMode):
     def __init__(self):
         super().__init__()
-        self.count, self.names, self.inside_fused = 0, {}, False
+        self.count, self.names, self.muted = 0, {}, False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self.inside_fused and not func.is_view and func not in NO_KERNEL:
+        if not self.muted and not func.is_view and func not in NO_KERNEL:
             self.count += 1
             name = func.overloadpacket.__name__
             self.names[name] = self.names.get(name, 0) + 1
@@ -39,21 +42,37 @@ class _Fused(TorchFunctionMode):
         self.operators = operators
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func not in FUSED or self.operators.inside_fused:
+        if func not in FUSED or self.operators.muted:
             return func(*args, **(kwargs or {}))
         self.operators.count += 1
         self.operators.names["rms_norm"] = self.operators.names.get("rms_norm", 0) + 1
-        self.operators.inside_fused = True
+        self.operators.muted = True
         try:
             return func(*args, **(kwargs or {}))
         finally:
-            self.operators.inside_fused = False
+            self.operators.muted = False
 
 
-def count_kernels(function, *args, by_name: bool = False, **kwargs):
+def count_kernels(function, *args, by_name: bool = False, excluding=(), **kwargs):
     """The kernels ``function(*args, **kwargs)`` launches (see the module docstring); with ``by_name``, also a
-    dict of counts per operator. The function runs once."""
+    dict of counts per operator. ``excluding``: (owner, attribute name) pairs, functions whose kernels are not
+    counted while they run (the model calls, to count an engine's own work). The function runs once."""
     operators = _Operators()
-    with torch.inference_mode(), _Fused(operators), operators:
+    with ExitStack() as stack:
+        for owner, name in excluding:
+            stack.enter_context(mock.patch.object(owner, name, _uncounted(operators, getattr(owner, name))))
+        stack.enter_context(torch.inference_mode())
+        stack.enter_context(_Fused(operators))
+        stack.enter_context(operators)
         function(*args, **kwargs)
     return (operators.count, operators.names) if by_name else operators.count
+
+
+def _uncounted(operators, function):
+    def run(*args, **kwargs):
+        outer, operators.muted = operators.muted, True
+        try:
+            return function(*args, **kwargs)
+        finally:
+            operators.muted = outer
+    return run

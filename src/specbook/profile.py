@@ -3,9 +3,9 @@
 `step_profile` runs `speculative_generate` unchanged and times, from the outside, the parts the
 engine calls (each wrapped for the run and restored after): the drafter's ``propose`` (the draft
 model's forward passes and its sampling), the target's forward (`decoding._target_forward`), the
-target's probabilities (``Sampler.probs`` outside drafting), verification (`chain_outcome` or
-`tree_outcome`), and the rollback of both caches (`cache.rollback` and the drafter's ``update``).
-What is left of a step's wall time is the engine's own bookkeeping. Times are exclusive: a part
+target's probabilities (``Sampler.probs`` outside drafting), verification (`chain_decision` or
+`tree_outcome`; where a chain's replays inside the target call's graph, it counts as the target call),
+and the rollback of both caches (`cache.rollback` and the drafter's ``update``). What is left of a step's wall time is the engine's own bookkeeping. Times are exclusive: a part
 called inside another counts once, in the innermost. On a GPU every boundary synchronises, so the
 profile slows the run down a little and says where the time goes, not how fast the run is; and the
 steps run one after the other, without the next chain drafted ahead of the host's read
@@ -38,8 +38,7 @@ from .drafters import as_drafter
 from .sampling import Sampler
 
 PARTS = ("draft", "target call", "probabilities", "verification", "rollback", "prefill")
-WRAPPED = [(decoding, "_target_forward", "target call"), (decoding, "chain_outcome", "verification"),
-           (decoding, "chain_outcome_greedy", "verification"),
+WRAPPED = [(decoding, "_target_forward", "target call"), (decoding, "chain_decision", "verification"),
            (decoding, "tree_outcome", "verification"), (decoding, "tree_outcome_greedy", "verification"),
            (decoding, "rollback", "rollback"),
            (decoding, "prefill", "prefill"), (Sampler, "probs", "probabilities")]  # (owner, attribute, part)

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from .sampling import draw
+from .sampling import draw, exponential_race
 
 CORRECTIONS = ("residual", "target")
 
@@ -187,7 +187,7 @@ def verify_chain(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
 
 
 def chain_outcome(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                  generator: torch.Generator | None = None) -> torch.Tensor:
+                  generator: torch.Generator | None = None, noise: tuple | None = None) -> torch.Tensor:
     """`verify_chain`'s decision left on the device: a (2,) tensor [number accepted, next token].
 
     The whole decision is one vectorised step on the probabilities' device: all K uniforms are
@@ -195,7 +195,9 @@ def chain_outcome(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_
     positions 1..K, from q_{K+1} after them -- before the one after the accepted run is picked.
     The candidates are independent of the uniforms, so the picked one has exactly the
     distribution it needs, and nothing waits for the device: the engine reads the outcome back
-    together with the drafts, once per step (`specbook.decoding`).
+    together with the drafts, once per step (`specbook.decoding`). ``noise``: the K uniforms and the
+    (K + 1, vocab) exponentials of the race (`specbook.sampling.draw`), drawn beforehand in that order,
+    as a CUDA graph takes its random numbers (`specbook.graphs.StaticModel.verify`).
     """
     k = draft_tokens.shape[0]
     positions = torch.arange(k, device=draft_probs.device)
@@ -203,13 +205,25 @@ def chain_outcome(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_
     accept_probs = _accept_probs(target_probs[positions, draft_tokens],
                                  draft_probs[positions, draft_tokens])  # (K,)
     # float32 uniforms even for half-precision probs: u < a must hold with probability a.
-    uniforms = torch.rand(k, generator=generator, device=draft_probs.device)  # (K,)
+    uniforms = torch.rand(k, generator=generator, device=draft_probs.device) if noise is None else noise[0]  # (K,)
     num_accepted = (uniforms < accept_probs).long().cumprod(0).sum()  # (): the leading run of accepts
     next_probs = torch.cat([residual_distribution(target_probs[:k], draft_probs, validate=False),
                             target_probs[k:]])  # (K + 1, vocab): where each position's next token comes from
-    candidates = draw(next_probs, generator)  # (K + 1,)
+    candidates = draw(next_probs, generator) if noise is None else exponential_race(next_probs, noise[1])
     # gather, not candidates[num_accepted]: indexing by a tensor scalar reads it on the host (a sync)
     return torch.cat([num_accepted.view(1), candidates.gather(0, num_accepted.view(1))])
+
+
+def chain_decision(logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs, sampler, generator=None,
+                   noise=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chain step's decision from the target's ``logits`` (K + 1, vocab) after the pending token and each of
+    ``draft_tokens`` (K,): the outcome (2,) [number accepted, next token] (`chain_outcome_greedy`, or
+    `chain_outcome` with the draft's p (K, vocab) and ``generator`` or ``noise``), and the target's
+    distributions under ``sampler`` (K + 1, vocab), for the drafter's and the policy's hooks."""
+    target_probs = sampler.probs(logits)  # (K + 1, vocab)
+    if sampler.greedy:
+        return chain_outcome_greedy(draft_tokens, logits.argmax(-1)), target_probs
+    return chain_outcome(draft_tokens, draft_probs, target_probs, generator, noise), target_probs
 
 
 def verify_chain_greedy(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> Verification:
