@@ -93,7 +93,9 @@ GRAPH_TREES = {
     "tree": lambda t, d: TopKTreeDrafter(d, (2, 2, 1)),
     "dynamic_tree": lambda t, d: TopKTreeDrafter(d, DynamicTree(3, 3, 6)),
     "eagle_tree": lambda t, d: EagleDrafter(t, EagleHead(t.config), tree=(2, 2)),
-    "eagle3_dynamic_tree": lambda t, d: Eagle3Drafter(t, Eagle3Head(t.config, (1, -1)), tree=DynamicTree(3, 2, 5)),
+    "eagle_dynamic_tree": lambda t, d: EagleDrafter(t, EagleHead(t.config).eval(), tree=DynamicTree(3, 2, 5)),
+    "eagle3_dynamic_tree": lambda t, d: Eagle3Drafter(t, Eagle3Head(t.config, (1, -1)).eval(),
+                                                      tree=DynamicTree(3, 2, 5)),
     "medusa_tree": lambda t, d: MedusaDrafter(t, MedusaHeads(t.config.hidden_size, 3)),
     "ouroboros": lambda t, d: OuroborosDrafter(d, phrase_length=2),
 }

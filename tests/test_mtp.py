@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 
+import specbook.graphs
 from specbook import Sampler, autoregressive_generate, load_pair, speculative_generate
 from specbook.drafters import Draft, MedusaDrafter
 from specbook.heads import head_accuracy
@@ -97,17 +98,21 @@ def test_the_loss_trains_the_top_layers_of_other_families(family):
 
 # --- greedy and sampled: the MTP model's own output, exactly
 
+@pytest.mark.parametrize("cache", ["dynamic", "graphs"])
 @pytest.mark.parametrize("tree", [None, (2, 2, 1)], ids=["chain", "tree"])
-def test_greedy_equals_the_mtp_models_autoregressive_output(tree):
+def test_greedy_equals_the_mtp_models_autoregressive_output(tree, cache, monkeypatch):
+    """On the dynamic cache, and on the static cache with its calls (a tree's too) replayed as graphs."""
+    monkeypatch.setattr(specbook.graphs, "CAPTURE_ON_CPU", cache == "graphs")
     target = tiny_model(seed=0)
     model_mtp = randomized(target, num_tokens=4)
     model = mtp_model(target, model_mtp)
     prompt = torch.tensor([[3, 14, 15, 9, 2, 6, 5]])
     reference = autoregressive_generate(model, prompt, 40, Sampler(0)).token_ids
     assert reference != autoregressive_generate(target, prompt, 40, Sampler(0)).token_ids  # joint training changed it
-    result = speculative_generate(model, MedusaDrafter(model, model_mtp.heads, tree), prompt, 40, k=3,
-                                  sampler=Sampler(0))
-    assert result.token_ids == reference
+    for _ in range(2 if cache == "graphs" else 1):  # the second generation replays
+        result = speculative_generate(model, MedusaDrafter(model, model_mtp.heads, tree), prompt, 40, k=3,
+                                      sampler=Sampler(0), cache="static" if cache == "graphs" else "dynamic")
+        assert result.token_ids == reference
 
 
 @pytest.fixture(scope="module")
