@@ -75,13 +75,14 @@ class OuroborosDrafter(ModelDrafter):
             self.pool = PhrasePool(self.pool.phrase_length, self.pool.per_key)
         self.tokens = input_ids[0].tolist()  # the committed text: what the pool learns from
         self.pool.add(self.tokens)
-        self.chain_length = 0
+        self.chain_length, self.drafted_ids = 0, None  # drafted_ids: this step's drafts, read on the host
 
     def propose(self, k, sampler, generator, keep_drafting=None):
         chain = min(k, self.chain or max(1, k - self.pool.phrase_length))
         draft = super().propose(chain, sampler, generator, keep_drafting)
         self.chain_length, self.drafted, depth = len(draft), draft.tokens, k - len(draft)
-        phrases = self.pool.after(int(draft.tokens[-1]), self.max_phrases) if depth > 0 else []
+        self.drafted_ids = draft.tokens.tolist() if depth > 0 else None  # the pool is on the host: one read
+        phrases = self.pool.after(self.drafted_ids[-1], self.max_phrases) if depth > 0 else []
         width = draft.probs.shape[1]
         phrases = [phrase[:depth] for phrase in phrases if max(phrase) < width]  # a wider target's rows: not drafted
         if not phrases:
@@ -97,12 +98,14 @@ class OuroborosDrafter(ModelDrafter):
                 parent = nodes[phrase[:end]]
         phrase_tokens = torch.tensor(tokens, dtype=torch.long, device=draft.tokens.device)  # (m,)
         one_hot = torch.nn.functional.one_hot(phrase_tokens, width).to(draft.probs.dtype)  # (m, vocab): deterministic
-        self.drafted = torch.cat([draft.tokens, phrase_tokens])
+        self.drafted, self.drafted_ids = torch.cat([draft.tokens, phrase_tokens]), self.drafted_ids + tokens
         return Draft(self.drafted, torch.cat([draft.probs, one_hot]), list(range(-1, len(draft) - 1)) + parents)
 
     def update(self, num_accepted, next_token, path=None):
         path = list(range(num_accepted)) if path is None else path  # a chain: its first drafts
-        committed = self.drafted[path].tolist() + [next_token]
+        if path and self.drafted_ids is None:  # a chain drafted without a look at the pool
+            self.drafted_ids = self.drafted.tolist()
+        committed = [self.drafted_ids[node] for node in path] + [next_token]
         super().update(min(num_accepted, self.chain_length), next_token)
         if num_accepted > self.chain_length:  # the whole chain and a phrase passed: the draft has not read the phrase
             phrase = self.drafted[path[self.chain_length:]]
