@@ -55,12 +55,14 @@ class CaPE:
         if len(chain) > self.budget:
             raise ValueError(f"CaPE's node budget (budget={self.budget}) is smaller than the chain of {len(chain)} "
                              "drafts it would expand")
-        top1 = own_probs.max(-1).values.tolist()  # (n,)
         ranked = own_probs.topk(min(max(self.bins), own_probs.shape[-1]), -1).indices  # (n, most candidates)
+        chain_last = torch.argsort((ranked == chain[:, None]).to(torch.uint8), stable=True)  # the chain's token last
+        others = ranked.gather(1, chain_last)  # (n, most candidates): the ranks after the chain's token first
+        top1 = own_probs.max(-1).values.tolist()  # (n,): the step's one read, for the tree's shape on the host
         tokens, parents, room = [chain], list(range(-1, len(chain) - 1)), self.budget - len(chain)
         for depth, confidence in enumerate(top1):
             wanted = min(self.bins[min(int(10 * confidence), len(self.bins) - 1)] - 1, room)
-            siblings = ranked[depth][ranked[depth] != chain[depth]][:wanted]  # the next ranks after the chain's token
+            siblings = others[depth, :wanted]  # the next ranks after the chain's token (it never comes first)
             tokens.append(siblings)
             parents += [depth - 1] * len(siblings)
             room -= len(siblings)
