@@ -68,7 +68,7 @@ from .rejection import chain_decision
 from .sampling import Sampler, make_generator
 from .seq2seq import EncoderDecoderView, check_encoder_inputs, decoder_start, encode, is_encoder_decoder
 from .tree_verification import Path, tree_outcome, tree_outcome_greedy
-from .trees import on_device, tree_inputs, tree_positions, tree_shape
+from .trees import on_device, tree_depths, tree_inputs, tree_shape
 
 
 def gpu_path(model, cache=None, compile=None) -> tuple[str, bool]:
@@ -250,7 +250,7 @@ def _with_side(target, context, draft):
     if draft.side_tokens is None or not len(draft.side_tokens):
         return draft.tokens, draft.parents
     limit = getattr(target.config, "max_position_embeddings", None)
-    if limit is not None and context + int(tree_positions(draft.side_parents).max()) >= limit:
+    if limit is not None and context + max(tree_depths(draft.side_parents)) >= limit:
         return draft.tokens, draft.parents
     n = len(draft)
     side_parents = [parent + n if parent >= 0 else -1 for parent in draft.side_parents]

@@ -62,12 +62,17 @@ def tree_attention_mask(parents) -> torch.Tensor:
     return visible
 
 
-def tree_positions(parents, offset: int = 0) -> torch.Tensor:
-    """(n + 1,) long position ids, root first: ``offset`` plus each row's depth (the root's is 0)."""
+def tree_depths(parents) -> list[int]:
+    """Each row's depth (n + 1,), root first (the root's is 0), as Python ints."""
     depths = [0]
     for parent in check_parents(parents):
         depths.append(depths[parent + 1] + 1)
-    return torch.tensor(depths) + offset
+    return depths
+
+
+def tree_positions(parents, offset: int = 0) -> torch.Tensor:
+    """(n + 1,) long position ids, root first: ``offset`` plus each row's depth (the root's is 0)."""
+    return torch.tensor(tree_depths(parents)) + offset
 
 
 def tree_model_inputs(parents, context_length: int, in_cache: int = 0, dtype=torch.float32, device=None,
