@@ -288,6 +288,45 @@ def test_sampled_output_follows_the_target(glide_pair, sampler, cape):
     assert chi_square_p_value(target, GlideDrafter(glide, cape), sampler, k=2) > 1e-3
 
 
+def test_cape_on_the_graphs_follows_the_target(glide_pair, monkeypatch):
+    """On the static cache CaPE's trees are shaped on the device, their slots left out holding a repeated token."""
+    monkeypatch.setattr(specbook.graphs, "CAPTURE_ON_CPU", True)
+    target, glide = glide_pair
+    assert chi_square_p_value(target, GlideDrafter(glide, CaPE(budget=3, bins=(3, 1))), SAMPLERS[1], k=2,
+                              cache="static") > 1e-3
+
+
+def test_cape_on_the_device_keeps_the_hosts_nodes():
+    """The same siblings as `CaPE.expand` (parent, token), the slots left out repeating the chain's token."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        probs = (4 * torch.randn(4, 6, generator=generator)).softmax(-1)
+        chain, cape = probs.argmax(-1), CaPE(budget=int(torch.randint(4, 12, (), generator=generator)))
+        host, device = cape.expand(chain, probs), cape.expand_on_device(chain, probs)
+        parents = device.parents.tolist()
+        nodes = list(zip(parents, device.tokens.tolist()))
+        live = [node for index, node in enumerate(nodes)
+                if index < len(chain) or node[1] != chain[node[0] + 1].item()]  # a repeat of its depth's chain token
+        assert live == list(zip(host.parents, host.tokens.tolist()))
+
+
+def test_one_host_read_per_cape_step_on_the_static_cache(monkeypatch):
+    from specbook.profile import host_reads
+
+    monkeypatch.setattr(specbook.graphs, "CAPTURE_ON_CPU", True)
+    target = tiny_family_model("llama")
+    glide = _glide(target, tiny_family_model("llama", seed=1, layers=1))
+    prompt = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(0))
+    counts = []
+    for new_tokens in (10, 40):
+        _generate(target, GlideDrafter(glide, CaPE()), prompt, "static", new_tokens=new_tokens)
+        with host_reads() as reads:
+            run = _generate(target, GlideDrafter(glide, CaPE()), prompt, "static", new_tokens=new_tokens)
+        counts.append((sum(reads.values()), len(run.steps)))
+    (short, short_steps), (long, long_steps) = counts
+    assert (long - short) / (long_steps - short_steps) <= 1
+
+
 class _ReportsPWithoutCrossAttention(GlideDrafter):
     """Broken on purpose: samples its drafts from GliDe's p, but reports the p its layers give without reading the
     target (the cross-attention's contribution left out)."""

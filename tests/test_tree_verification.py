@@ -49,13 +49,15 @@ def test_the_device_decides_what_the_walk_decides(deterministic):
         assert (outcome[0], outcome[2:2 + outcome[0]], outcome[1]) == (len(walk.path), walk.path, walk.next_token)
 
 
-def _distinct_siblings_tree(rng, n, vocab):
-    """A random tree whose siblings hold distinct tokens (a deterministic drafter's top-k), as a tensor on the
-    device would come from `grow_dynamic_tree`."""
+def _one_hot_siblings_tree(rng, n, vocab):
+    """A random tree of a deterministic drafter, its parents a tensor as a drafter shapes them on the device
+    (`grow_dynamic_tree`, `CaPE.expand_on_device`): siblings hold distinct tokens (a top-k), or now and then
+    an earlier sibling's token again (CaPE's slots left out)."""
     parents, tokens = _random_tree(rng, n), []
     for node, parent in enumerate(parents):
         taken = {tokens[other] for other in range(node) if parents[other] == parent}
-        tokens.append(rng.choice([token for token in range(vocab) if token not in taken]))
+        fresh = [token for token in range(vocab) if token not in taken]
+        tokens.append(rng.choice(sorted(taken)) if taken and (rng.random() < 0.3 or not fresh) else rng.choice(fresh))
     return torch.tensor(parents), torch.tensor(tokens)
 
 
@@ -70,12 +72,12 @@ def test_a_shape_made_on_the_device_is_the_hosts():
 
 
 def test_a_tree_shaped_on_the_device_is_decided_as_the_walk_decides():
-    """Without ranks (a tree shaped on the device), distinct one-hot siblings: removing each rejected token
-    from q at once gives the walk's path and token from the same generator."""
+    """Without ranks (a tree shaped on the device), one-hot siblings: removing each rejected token from q at
+    once (a repeated token has nothing left) gives the walk's path and token from the same generator."""
     rng, data = random.Random(3), torch.Generator().manual_seed(3)
     for case in range(300):
         n, vocab = rng.randrange(1, 10), 6
-        parents, tokens = _distinct_siblings_tree(rng, n, vocab)
+        parents, tokens = _one_hot_siblings_tree(rng, n, vocab)
         target = _probs(data, n + 1, vocab, rng.choice([1.0, 4.0]))
         one_hot = torch.nn.functional.one_hot(tokens, vocab).float()
         walk = verify_tree(tokens, parents.tolist(), one_hot, target, torch.Generator().manual_seed(case))

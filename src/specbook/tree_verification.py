@@ -154,7 +154,7 @@ def tree_outcome(shape: TreeShape, tokens: torch.Tensor, draft_probs: torch.Tens
     Every node is tested against its parent's q after its earlier siblings' residual updates (one child rank
     at a time, all parents together); the next token is drawn from the last accepted row's q after all its
     children's updates -- the q `verify_tree` holds when its walk stops there. A tree shaped on the device
-    (``shape.ranks`` None) must be deterministic, distinct siblings with one-hot p (`_one_hot_outcome`)."""
+    (``shape.ranks`` None) must be deterministic, its siblings with one-hot p (`_one_hot_outcome`)."""
     uniforms = torch.rand(len(shape.parent_rows), generator=generator, device=target_probs.device)  # (n,)
     tokens = tokens.to(target_probs.device)
     if shape.ranks is None:
@@ -170,13 +170,15 @@ def tree_outcome(shape: TreeShape, tokens: torch.Tensor, draft_probs: torch.Tens
 
 
 def _one_hot_outcome(shape, tokens, target_probs, uniforms, generator) -> torch.Tensor:
-    """`tree_outcome` for distinct deterministic siblings (one-hot p) without a loop over ranks: removing the
-    earlier siblings' tokens x_j from q leaves q(x) / (1 - sum_j q(x_j)) for the next one, and the next token
-    is drawn from the last row's q without any of its children's tokens."""
+    """`tree_outcome` for deterministic siblings (one-hot p) without a loop over ranks: removing the earlier
+    siblings' tokens x_j from q leaves q(x) / (1 - sum_j q(x_j)) for the next one (a token an earlier sibling
+    holds has nothing left: 0), and the next token is drawn from the last row's q without any of its
+    children's tokens."""
     q_drafted = target_probs[shape.parent_rows, tokens]  # (n,): q(x) under each node's parent's q
-    removed = shape.earlier.to(q_drafted.dtype) @ q_drafted  # (n,): the earlier siblings' mass
+    repeated = (shape.earlier & (tokens[:, None] == tokens[None, :])).any(-1)  # (n,): an earlier sibling's token
+    removed = (shape.earlier & ~repeated).to(q_drafted.dtype) @ q_drafted  # (n,): the earlier siblings' mass
     accept_probs = torch.where(q_drafted > 0, q_drafted / (1 - removed).clamp(min=torch.finfo(q_drafted.dtype).tiny),
-                               0.0).clamp(max=1.0)
+                               0.0).clamp(max=1.0).masked_fill(repeated, 0.0)
     left = target_probs.index_put((shape.parent_rows, tokens), target_probs.new_zeros(()))  # (n + 1, vocab)
     mass = left.sum(-1, keepdim=True)
     left = torch.where(mass > 0, left / mass.clamp(min=torch.finfo(mass.dtype).tiny), target_probs)

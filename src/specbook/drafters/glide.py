@@ -24,9 +24,11 @@ the engine's dynamic cache, or on its static one where the target runs on the pa
 
 import torch
 
+from ..cache import is_static
 from ..glide import GlideForCausalLM, read_target_cache
 from ..policies import check_integer
 from ..sampling import Sampler
+from ..trees import on_device
 from .base import Draft
 from .model import ModelDrafter
 
@@ -67,6 +69,26 @@ class CaPE:
             parents += [depth - 1] * len(siblings)
             room -= len(siblings)
         return Draft(torch.cat(tokens), None, parents)
+
+    def expand_on_device(self, chain: torch.Tensor, own_probs: torch.Tensor) -> Draft:
+        """`expand` without reading the confidence on the host, for the GPU path: every depth gets the most
+        siblings the bins allow, in slots of a shape fixed for the chain's length, and a slot its confidence
+        (or the budget) leaves out holds the chain's own token again, a sibling verification never accepts (an
+        earlier sibling has its token). Its parents stay on the device (`Draft`), so drafting reads nothing."""
+        n, device = len(chain), chain.device
+        width = min(max(self.bins), own_probs.shape[-1]) - 1  # sibling slots per depth
+        ranked = own_probs.topk(width + 1, -1).indices  # (n, width + 1)
+        chain_last = torch.argsort((ranked == chain[:, None]).to(torch.uint8), stable=True)
+        others = ranked.gather(1, chain_last)[:, :width]  # (n, width): the ranks after the chain's token
+        bins = on_device(self.bins, device)
+        wanted = bins[(10 * own_probs.max(-1).values).long().clamp(max=len(self.bins) - 1)] - 1  # (n,)
+        room = (self.budget - n) - (wanted.cumsum(0) - wanted)  # what the shallower depths left
+        wanted = torch.minimum(wanted, room.clamp(min=0))
+        live = torch.arange(width, device=device) < wanted[:, None]  # (n, width)
+        siblings = torch.where(live, others, chain[:, None])  # a slot left out: the chain's token again
+        depths = torch.arange(n, device=device)
+        parents = torch.cat([depths - 1, (depths - 1).repeat_interleave(width)])
+        return Draft(torch.cat([chain, siblings.flatten()]), None, parents)
 
     def __repr__(self):
         return f"CaPE(budget={self.budget}, bins={self.bins})"
@@ -122,6 +144,7 @@ class GlideDrafter(ModelDrafter):
     def observe_cache(self, target, cache):
         self.glide.check_target(target)
         self.model.cache, self.model.committed = cache, int(cache.get_seq_length())
+        self.on_device = is_static(cache)  # the GPU path: CaPE shapes its trees without reading
 
     def propose(self, k, sampler, generator, keep_drafting=None):
         if self.cape is None:
@@ -136,7 +159,7 @@ class GlideDrafter(ModelDrafter):
             return keep_drafting is None or keep_drafting(probs)
 
         chain = super().propose(k, GREEDY, None, record).tokens  # (n,): argmax, deterministic
-        draft = self.cape.expand(chain, torch.stack(own))
+        draft = (self.cape.expand_on_device if self.on_device else self.cape.expand)(chain, torch.stack(own))
         self.chain, self.drafted = len(chain), draft.tokens
         return draft
 
@@ -147,5 +170,6 @@ class GlideDrafter(ModelDrafter):
         chain = sum(node < self.chain for node in path)  # the path: the chain's first nodes, then maybe a sibling
         super().update(chain, next_token)
         if len(path) > chain:  # an accepted sibling: the draft has not read it yet
-            self.pending = torch.cat([self.pending[:-1], self.drafted[path[-1:]],
-                                      self.pending[-1:]])
+            order = getattr(path, "order", None)  # the path's nodes first, on the device
+            last = order[len(path) - 1:len(path)] if order is not None else on_device(path[-1:], self.device)
+            self.pending = torch.cat([self.pending[:-1], self.drafted.index_select(0, last), self.pending[-1:]])
