@@ -42,6 +42,7 @@ buffers, the semantics of a graph, for those tests.
 """
 
 import weakref
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -132,13 +133,21 @@ class StaticModel:
         over the cache: logits (keep, vocab) at the positions ``keep`` (by default all n; an int: the last
         ones; a tensor: those indices), and the hidden states ``features`` names (n, .) or None. ``tree``: a
         token tree's mask and depths, for the decoder (`specbook.decoder.Decoder`)."""
-        known = getattr(self.cache, "known", None)
-        outputs = (forward or self.forward)(input_ids, past_key_values=self.cache, use_cache=True,
-                                            logits_to_keep=input_ids.shape[1] if keep is None else keep,
-                                            output_hidden_states=features is not None, **tree)
-        if isinstance(self.cache, SlotCache):  # the host's count of the length (a compiled call leaves it)
-            self.cache.known = None if known is None else known + input_ids.shape[1]
+        with self._moves(input_ids.shape[1]):  # a compiled call leaves the host's count alone
+            outputs = (forward or self.forward)(input_ids, past_key_values=self.cache, use_cache=True,
+                                                logits_to_keep=input_ids.shape[1] if keep is None else keep,
+                                                output_hidden_states=features is not None, **tree)
         return outputs.logits[0], read_features(outputs, features)
+
+    @contextmanager
+    def _moves(self, advance: int):
+        """The cache's length moves by ``advance`` inside the block, and the host's count of it (a `SlotCache`'s
+        ``known``) with it, whatever Python ran there: a replay on a GPU runs none, a compiled call skips it,
+        a warm-up or a capture runs it for a move that never happens (``advance`` 0)."""
+        known = getattr(self.cache, "known", None)
+        yield
+        if isinstance(self.cache, SlotCache):
+            self.cache.known = None if known is None else known + advance
 
     @property
     def replays(self) -> bool:
@@ -155,29 +164,25 @@ class StaticModel:
         if self.model.device.type != "cuda":
             return _Recorded(function)
         pointers = length_pointers(self.cache)
-        saved, known = [pointer.clone() for pointer in pointers], getattr(self.cache, "known", None)
+        saved = [pointer.clone() for pointer in pointers]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(WARMUP_CALLS):
-                function()
-                for pointer, value in zip(pointers, saved):
-                    pointer.copy_(value)
-        torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):  # recorded, not run: the pointers do not move
-            graph.output = function()
-        if isinstance(self.cache, SlotCache):
-            self.cache.known = known  # nor does the host's count, which the runs and the recording moved
+        with self._moves(0):  # warm-ups put the pointers back; a recording does not move them
+            with torch.cuda.stream(stream):
+                for _ in range(WARMUP_CALLS):
+                    function()
+                    for pointer, value in zip(pointers, saved):
+                        pointer.copy_(value)
+            torch.cuda.current_stream().wait_stream(stream)
+            with torch.cuda.graph(graph, pool=self.pool):  # recorded, not run: the pointers do not move
+                graph.output = function()
         return graph
 
     def _replay(self, graph, advance: int):
-        """Replay ``graph``, which moves the cache's length by ``advance``, and the host's count of it with it
-        (a replay on a GPU runs none of the Python that counts)."""
-        known = getattr(self.cache, "known", None)
-        graph.replay()
-        if isinstance(self.cache, SlotCache):
-            self.cache.known = None if known is None else known + advance
+        """Replay ``graph``, which moves the cache's length by ``advance``."""
+        with self._moves(advance):
+            graph.replay()
 
     def __call__(self, input_ids: torch.Tensor, features: tuple | None = None, keep: int | None = None):
         """Logits (keep, vocab) of the last ``keep`` of ``input_ids`` (1, n) after the cache (by default all n),
