@@ -14,11 +14,10 @@ from specbook.decoder import decoder_for
 from specbook.drafters import Draft, EagleDrafter, MedusaDrafter, SampledTreeDrafter, TopKTreeDrafter
 from specbook.graphs import TREE_BUCKETS, static_model
 from specbook.heads import EagleHead, MedusaHeads
-from specbook.profile import host_reads
 from specbook.tree_verification import tree_outcome, tree_outcome_greedy, verify_tree, verify_tree_greedy
-from specbook.trees import tree_shape
+from specbook.trees import tree_attention_mask, tree_positions, tree_shape
 
-from support import SAMPLERS, cached_layers, chi_square_p_value, tiny_model
+from support import SAMPLERS, cached_layers, chi_square_p_value, reads_per_step, tiny_model
 
 PROMPT = torch.tensor([[3, 14, 15, 9, 2, 6, 5]])
 
@@ -62,13 +61,25 @@ def _one_hot_siblings_tree(rng, n, vocab):
 
 
 def test_a_shape_made_on_the_device_is_the_hosts():
+    """From a list or from a tensor on the device: the tree's mask, depths, parents' rows and earlier siblings as
+    the host writes them out; the ranks (nodes of each child rank, their parents' rows) for a list only."""
     rng = random.Random(2)
     for _ in range(100):
-        parents = _random_tree(rng, rng.randrange(1, 20))
-        host, device = tree_shape(parents, "cpu"), tree_shape(torch.tensor(parents), "cpu")
-        for field in ("visible", "depths", "parent_rows", "earlier"):
-            assert torch.equal(getattr(host, field), getattr(device, field)), field
-        assert device.ranks is None
+        parents = _random_tree(rng, rng.randrange(0, 20))
+        earlier = torch.zeros(len(parents), len(parents), dtype=torch.bool)
+        for node, parent in enumerate(parents):
+            earlier[node, [other for other in range(node) if parents[other] == parent]] = True
+        expected = {"visible": tree_attention_mask(parents), "depths": tree_positions(parents),
+                    "parent_rows": torch.tensor([parent + 1 for parent in parents], dtype=torch.long),
+                    "earlier": earlier}
+        listed, shaped_there = tree_shape(parents, "cpu"), tree_shape(torch.tensor(parents, dtype=torch.long), "cpu")
+        for shape in (listed, shaped_there):
+            for field, value in expected.items():
+                assert torch.equal(getattr(shape, field), value), field
+        ranks = [[(node, parents[node] + 1) for node in range(len(parents)) if earlier[node].sum() == rank]
+                 for rank in range(len(listed.ranks))]  # (node, its parent's row) per child rank
+        assert [sorted(zip(nodes.tolist(), rows.tolist())) for nodes, rows in listed.ranks] == ranks
+        assert shaped_there.ranks is None
 
 
 def test_a_tree_shaped_on_the_device_is_decided_as_the_walk_decides():
@@ -174,16 +185,8 @@ def _seeded(kind, *args):
 
 
 def _reads_per_step(target, drafter, sampler):
-    counts = []
-    for new_tokens in (10, 40):
-        speculative_generate(target, drafter(), PROMPT, new_tokens, k=3, sampler=sampler, seed=0, cache="static")
-        with host_reads() as reads:
-            generation = speculative_generate(target, drafter(), PROMPT, new_tokens, k=3, sampler=sampler, seed=0,
-                                              cache="static")
-        counts.append((sum(reads.values()), len(generation.steps)))
-    (short, short_steps), (long, long_steps) = counts
-    assert long_steps > short_steps
-    return (long - short) / (long_steps - short_steps)
+    return reads_per_step(lambda new_tokens: speculative_generate(target, drafter(), PROMPT, new_tokens, k=3,
+                                                                  sampler=sampler, seed=0, cache="static"), warm=True)
 
 
 @pytest.mark.parametrize("make", [

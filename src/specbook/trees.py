@@ -284,21 +284,17 @@ def tree_shape(parents, device) -> TreeShape:
         return _shape_of(parents)
     parents = tuple(check_parents(parents))
 
-    def make():
-        children = children_of(list(parents))
-        earlier = torch.zeros(len(parents), len(parents), dtype=torch.bool)
+    def make():  # the shape as a tensor's, with its ranks, which only a host that knows the tree can list
         ranks = []
-        for siblings in children:
+        for siblings in children_of(list(parents)):
             for rank, node in enumerate(siblings):
-                earlier[node, siblings[:rank]] = True
                 if rank == len(ranks):
                     ranks.append(([], []))
                 ranks[rank][0].append(node)
                 ranks[rank][1].append(parents[node] + 1)
-        return TreeShape(parents, tree_attention_mask(parents).to(device), tree_positions(parents).to(device),
-                         torch.tensor([parent + 1 for parent in parents], dtype=torch.long, device=device), earlier.to(device),
-                         tuple((torch.tensor(nodes, dtype=torch.long, device=device), torch.tensor(rows, device=device))
-                               for nodes, rows in ranks))
+        return _shape_of(torch.tensor(parents, dtype=torch.long, device=device))._replace(
+            parents=parents, ranks=tuple((torch.tensor(nodes, dtype=torch.long, device=device),
+                                          torch.tensor(rows, dtype=torch.long, device=device)) for nodes, rows in ranks))
     return _memo(("shape", parents, str(device)), make)
 
 
