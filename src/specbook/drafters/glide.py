@@ -54,12 +54,7 @@ class CaPE:
         """The token tree of the greedy ``chain`` (n,) and the draft's own distributions (n, vocab) it was picked
         from: the chain first (nodes 0 .. n - 1, each the child of the one before), then the siblings of each
         d_i, children of d_i's parent, most likely first. Deterministic: no p."""
-        if len(chain) > self.budget:
-            raise ValueError(f"CaPE's node budget (budget={self.budget}) is smaller than the chain of {len(chain)} "
-                             "drafts it would expand")
-        ranked = own_probs.topk(min(max(self.bins), own_probs.shape[-1]), -1).indices  # (n, most candidates)
-        chain_last = torch.argsort((ranked == chain[:, None]).to(torch.uint8), stable=True)  # the chain's token last
-        others = ranked.gather(1, chain_last)  # (n, most candidates): the ranks after the chain's token first
+        others = self._candidates(chain, own_probs)  # (n, width)
         top1 = own_probs.max(-1).values.tolist()  # (n,): the step's one read, for the tree's shape on the host
         tokens, parents, room = [chain], list(range(-1, len(chain) - 1)), self.budget - len(chain)
         for depth, confidence in enumerate(top1):
@@ -76,10 +71,8 @@ class CaPE:
         (or the budget) leaves out holds the chain's own token again, a sibling verification never accepts (an
         earlier sibling has its token). Its parents stay on the device (`Draft`), so drafting reads nothing."""
         n, device = len(chain), chain.device
-        width = min(max(self.bins), own_probs.shape[-1]) - 1  # sibling slots per depth
-        ranked = own_probs.topk(width + 1, -1).indices  # (n, width + 1)
-        chain_last = torch.argsort((ranked == chain[:, None]).to(torch.uint8), stable=True)
-        others = ranked.gather(1, chain_last)[:, :width]  # (n, width): the ranks after the chain's token
+        others = self._candidates(chain, own_probs)  # (n, width): a slot per sibling a depth may get
+        width = others.shape[1]
         bins = on_device(self.bins, device)
         wanted = bins[(10 * own_probs.max(-1).values).long().clamp(max=len(self.bins) - 1)] - 1  # (n,)
         room = (self.budget - n) - (wanted.cumsum(0) - wanted)  # what the shallower depths left
@@ -89,6 +82,16 @@ class CaPE:
         depths = torch.arange(n, device=device)
         parents = torch.cat([depths - 1, (depths - 1).repeat_interleave(width)])
         return Draft(torch.cat([chain, siblings.flatten()]), None, parents)
+
+    def _candidates(self, chain: torch.Tensor, own_probs: torch.Tensor) -> torch.Tensor:
+        """Each depth's possible siblings (n, width): its draft's ranks after the chain's token (most bins' count
+        minus one), the budget checked against the chain."""
+        if len(chain) > self.budget:
+            raise ValueError(f"CaPE's node budget (budget={self.budget}) is smaller than the chain of {len(chain)} "
+                             "drafts it would expand")
+        ranked = own_probs.topk(min(max(self.bins), own_probs.shape[-1]), -1).indices  # (n, width + 1)
+        chain_last = torch.argsort((ranked == chain[:, None]).to(torch.uint8), stable=True)  # its token last
+        return ranked.gather(1, chain_last)[:, :-1]
 
     def __repr__(self):
         return f"CaPE(budget={self.budget}, bins={self.bins})"
