@@ -10,6 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specbook.cache import SlotCache
 from specbook.decoding import speculative_generate
+from specbook.profile import host_reads
 from specbook.sampling import Sampler
 
 
@@ -78,3 +79,20 @@ def cached_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(keys[:, :length], values[:, :length]) for keys, values in zip(cache.keys, cache.values)]
     return [(layer.keys[0, :, :cache.get_seq_length()], layer.values[0, :, :cache.get_seq_length()])
             for layer in cache.layers]
+
+
+def reads_per_step(run, warm: bool = False) -> float:
+    """Conversions of tensors to Python values (`specbook.profile.host_reads`) per extra step of ``run(new_tokens)``,
+    a function returning a `Generation`: a 10- and a 40-token generation, the difference over the difference in
+    steps (what a generation does once, such as checking the prompt's token ids, cancels out). ``warm``: each
+    length runs once uncounted first (graphs captured, tree shapes sent to the device)."""
+    counts = []
+    for new_tokens in (10, 40):
+        if warm:
+            run(new_tokens)
+        with host_reads() as reads:
+            generation = run(new_tokens)
+        counts.append((sum(reads.values()), len(generation.steps)))
+    (short, short_steps), (long, long_steps) = counts
+    assert long_steps > short_steps
+    return (long - short) / (long_steps - short_steps)

@@ -15,10 +15,10 @@ from specbook.decoding import STATIC_BLOCK, autoregressive_generate, gpu_path, s
 from specbook.drafters import EagleDrafter, ModelDrafter, NGramDrafter, TopKTreeDrafter
 from specbook.graphs import static_model
 from specbook.heads import EagleHead
-from specbook.profile import host_profile, host_reads
+from specbook.profile import host_profile
 from specbook.sampling import Sampler
 
-from support import SAMPLERS, chi_square_p_value, tiny_model
+from support import SAMPLERS, chi_square_p_value, reads_per_step, tiny_model
 
 PROMPT = [3, 14, 15, 9, 2, 6, 5]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -390,18 +390,8 @@ def test_a_static_cache_and_its_graphs_outlive_a_generation(models, device, repl
 
 
 def _reads_per_step(target, draft, device, sampler, **path):
-    """Conversions of tensors to Python values per extra step: a long and a short generation, the
-    difference over the difference in steps (what a generation does once, such as checking the prompt's
-    token ids, cancels out)."""
-    counts = []
-    for new_tokens in (10, 40):
-        with host_reads() as reads:
-            generation = speculative_generate(target, draft, prompt_on(device), new_tokens, k=3, sampler=sampler,
-                                              seed=0, **path)
-        counts.append((sum(reads.values()), len(generation.steps)))
-    (short, short_steps), (long, long_steps) = counts
-    assert long_steps > short_steps
-    return (long - short) / (long_steps - short_steps)
+    return reads_per_step(lambda new_tokens: speculative_generate(target, draft, prompt_on(device), new_tokens, k=3,
+                                                                  sampler=sampler, seed=0, **path))
 
 
 @pytest.mark.parametrize("sampler", [Sampler(0), Sampler(1.0)], ids=["greedy", "sampled"])

@@ -268,12 +268,12 @@ def _check_tree_cache(cache) -> None:
 def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab, features, forward):
     """Verify a tree draft with one target call; keep the accepted path in ``cache`` and tell ``drafter``.
 
-    The decision is made on the device (`specbook.tree_verification.tree_outcome`) and read once, with the drafts; the
-    cache keeps the accepted path's rows in the order it left there (`specbook.cache.keep_tail`), and the
-    drafter gets that order too (`specbook.tree_verification.Path`). Returns the `Step`, the next pending token (1,) on
-    the device, the target's distributions at the committed positions (accepted + 1, vocab) and the draft's
-    along ``step.drafted`` (or None), for the drafter's and the policy's hooks, and, when ``features`` is
-    set, the target's features at the committed positions (accepted + 1, hidden).
+    The decision is made on the device (`specbook.tree_verification.tree_outcome`) and read once, with the
+    drafts; the cache keeps the accepted path's rows in the order it left there (`specbook.cache.keep_tail`),
+    and the drafter gets that order too (`specbook.tree_verification.Path`). Returns the `Step`, the next
+    pending token (1,) on the device, the target's distributions at the committed positions (accepted + 1,
+    vocab) and the draft's along ``step.drafted`` (or None), for the drafter's and the policy's hooks, and,
+    when ``features`` is set, the target's features at the committed positions (accepted + 1, hidden).
     """
     _check_tree_cache(cache)  # a drafter that did not say it drafts trees (`Drafter.drafts_trees`)
     context, n, device = cache.get_seq_length(), len(draft), pending.device  # context: the host's own count
@@ -296,12 +296,12 @@ def _tree_step(target, cache, pending, draft, drafter, sampler, generator, vocab
     accepted, next_token, *read = torch.cat([outcome, draft.tokens] + ([draft.parents] if shaped_there else [])
                                             ).tolist()  # the step's one read
     order, drafted = outcome[2:], read[n:2 * n]  # (n,): the path's nodes, then the others
-    parents = read[2 * n:] if shaped_there else draft.parents
+    node_parents = read[2 * n:] if shaped_there else draft.parents  # the draft's nodes', on the host
     rows = torch.cat([order.new_zeros(1), order + 1])  # (n + 1,): the root's row, then the nodes' in that order
     keep_tail(cache, rows, len(tokens) + 1, accepted + 1)
     path = Path(read[:accepted], order)
     drafter.update(accepted, next_token, path)
-    children = [node for node, parent in enumerate(parents) if parent == (path[-1] if path else -1)]
+    children = [node for node, parent in enumerate(node_parents) if parent == (path[-1] if path else -1)]
     walked = path + children[:1]  # + the first rejected child
     step = Step([drafted[node] for node in walked], accepted, next_token, not children, tree_nodes=n,
                 side_nodes=len(tokens) - n)
