@@ -47,13 +47,13 @@ def _run_both(model, decoder, calls, ids, slots=64):
 
 @pytest.mark.parametrize("family, make", _served() + [("built-in target", lambda: load_pair("shakespeare").target)])
 def test_logits_and_features_are_hugging_faces(family, make):
-    """A prompt, single tokens, a call on six, a rollback and the same positions again (sliding windows of 8 in
-    Mistral and Qwen2 are crossed): logits, features (the input of the LM head) and every layer's output (what
-    EAGLE-3 reads) agree to float32 rounding."""
+    """A prompt, single tokens (without a mask while the context fits the window, then with one), a call on six, a
+    rollback and the same positions again (sliding windows of 8 in Mistral and Qwen2 are crossed): logits,
+    features (the input of the LM head) and every layer's output (what EAGLE-3 reads) agree to float32 rounding."""
     model = make()
     ids = torch.randint(0, 90, (1, 40), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        for expected, got in _run_both(model, decoder_for(model), [12, 1, 1, 6, -4, 4, 1, 10], ids):
+        for expected, got in _run_both(model, decoder_for(model), [3, 1, 1, 7, 1, 1, 6, -4, 4, 1, 10], ids):
             torch.testing.assert_close(got.logits, expected.logits, **CLOSE)
             assert len(got.hidden_states) == len(expected.hidden_states) == model.config.num_hidden_layers + 1
             for state, expected_state in zip(got.hidden_states, expected.hidden_states):
@@ -152,8 +152,8 @@ def stand_in(monkeypatch):
 
 
 def test_a_decode_call_and_a_draft_step_stay_within_their_kernels(stand_in):
-    """At most 16 kernels a layer and 10 a call (Hugging Face's forward: 44 a layer); a draft chain at most 28 a
-    drafted token."""
+    """At most 15 kernels a layer and 10 a call (Hugging Face's forward: 44 a layer; the issue's budget 16); a draft
+    chain at most 28 a drafted token."""
     target = stand_in.target
     runner = graphs.static_model(target, 256, "test-kernels")
     prompt = stand_in.encode("ROMEO:\nBut soft")
@@ -162,8 +162,8 @@ def test_a_decode_call_and_a_draft_step_stay_within_their_kernels(stand_in):
         runner(prompt)
         runner(prompt[:, -1:]), runner(prompt[:, -6:])  # buffers made, graphs recorded
         layers = target.config.num_hidden_layers
-        assert count_kernels(runner, prompt[:, -1:]) <= 16 * layers + 10
-        assert count_kernels(runner, prompt[:, -6:]) <= 16 * layers + 10
+        assert count_kernels(runner, prompt[:, -1:]) <= 15 * layers + 10
+        assert count_kernels(runner, prompt[:, -6:]) <= 15 * layers + 10
         draft = graphs.static_model(stand_in.draft, 256, "test-kernels")
         draft.start()
         draft(prompt)

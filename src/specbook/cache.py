@@ -100,6 +100,8 @@ def new_cache(model, max_length: int | None = None):
 class SlotCache:
     """Keys and values of ``layers`` layers, (layers, kv_heads, max_length, head_dim) each, and one ``length`` on
     the device: how many slots hold committed tokens. ``windows``: each layer's sliding window or None.
+    ``keys`` and ``values`` are the two halves of one buffer, ``kv`` (layers, 2 * kv_heads, max_length,
+    head_dim): a call writes a layer's keys and values with one copy, and moving a token moves both at once.
 
     ``static``: the size is fixed (a replayed graph recorded its buffers); otherwise a call that would
     overflow it first grows it (reading the length on the host). Rows of a token tree occupy slots whose
@@ -109,16 +111,19 @@ class SlotCache:
     def __init__(self, layers, kv_heads, head_dim, max_length, windows, dtype, device, static=False):
         if not isinstance(max_length, int) or max_length < 1:
             raise ValueError(f"max_length must be an integer >= 1 (got {max_length!r})")
-        self.keys = torch.zeros(layers, kv_heads, max_length, head_dim, dtype=dtype, device=device)
-        self.values = torch.zeros_like(self.keys)
+        self._hold(torch.zeros(layers, 2 * kv_heads, max_length, head_dim, dtype=dtype, device=device))
         self.length = torch.zeros((), dtype=torch.long, device=device)
         self.steps = torch.arange(max_length, device=device)  # (max_length,): slot indices, made once
         self.windows, self.static = windows, static
         self.known = 0  # the length as the host knows it: None once a count it has not read moved it
 
+    def _hold(self, kv: torch.Tensor) -> None:
+        self.kv = kv  # (layers, 2 * KV, max_length, d): keys, then values
+        self.keys, self.values = kv.chunk(2, 1)  # (layers, KV, max_length, d) each: views
+
     @property
     def max_length(self) -> int:
-        return self.keys.shape[2]
+        return self.kv.shape[2]
 
     def get_seq_length(self) -> int:
         """The length: the host's own count where it has one (``known``), else read from the device."""
@@ -146,20 +151,22 @@ class SlotCache:
 
     def _grow(self, needed: int) -> None:
         size = max(needed, 2 * self.max_length)
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            new = old.new_zeros(old.shape[:2] + (size,) + old.shape[3:])
-            new[:, :, : old.shape[2]] = old
-            setattr(self, name, new)
+        old = self.kv
+        self._hold(old.new_zeros(old.shape[:2] + (size,) + old.shape[3:]))
+        self.kv[:, :, : old.shape[2]] = old
         self.steps = torch.arange(size, device=self.steps.device)
 
     def causal_masks(self, slots: torch.Tensor) -> dict:
         """Per sliding window (None: full attention), the additive masks (n, span) of queries at positions
-        ``slots`` (n,): a key is visible at a position <= the query's, and within its window."""
+        ``slots`` (n,): a key is visible at a position <= the query's, and within its window. None where every
+        key is: one query at the last slot of a growing cache, within its window."""
         keys = self.steps[: self.span]  # (span,)
         hidden = max(torch.finfo(self.keys.dtype).min, torch.finfo(torch.float32).min)  # where's scalars: float32
         masks = {}
         for window in set(self.windows):
+            if len(slots) == 1 and not self.static and (window is None or self.span <= window):
+                masks[window] = None  # the span ends at the query's slot: nothing to hide
+                continue
             visible = keys <= slots[:, None]  # (n, span)
             if window is not None:
                 visible &= keys > slots[:, None] - window
@@ -208,10 +215,9 @@ class SlotCache:
     def keep(self, positions: torch.Tensor, start: int = 0) -> None:
         """Keep the slots ``positions`` (m,), increasing, moved to slots start .. start + m - 1, after the first
         ``start`` slots, which stay (a tree's prefix: only the accepted path moves). One gather and one copy for
-        the keys of every layer, one for the values."""
+        the keys and values of every layer."""
         m = len(positions)
-        for buffer in (self.keys, self.values):  # (layers, KV, max_length, d)
-            buffer[:, :, start:start + m] = buffer.index_select(2, positions)
+        self.kv[:, :, start:start + m] = self.kv.index_select(2, positions)  # (layers, 2 KV, m, d)
         self.length.fill_(start + m)
         self.known = start + m
 
@@ -223,8 +229,7 @@ class SlotCache:
         base = self.length - fed  # (): the first of the fed slots
         rows = rows[:fed].clamp(0, max(fed - 1, 0))  # only the first count matter
         source, target = base + rows, base + self.steps[: len(rows)]  # (m,), (m,)
-        for buffer in (self.keys, self.values):  # (layers, KV, max_length, d)
-            buffer.index_copy_(2, target, buffer.index_select(2, source))
+        self.kv.index_copy_(2, target, self.kv.index_select(2, source))  # (layers, 2 KV, max_length, d)
         self.rollback(fed - count)
 
 

@@ -5,21 +5,23 @@ about 1.8 microseconds a kernel in a replayed CUDA graph on an H100, several on 
 goes through PyTorch's dispatcher. Hugging Face's general-purpose forward launches 44 kernels a layer of a
 Llama model (its RMSNorm alone is 8, the rotary embedding 10, seven separate matmuls, a cache update, a
 boolean mask turned into an additive one). `Decoder` runs the same arithmetic from the same weights in
-about 16, as gpt-fast's ``model.py`` does:
+15, as gpt-fast's ``model.py`` does:
 
     rms_norm                                   1
     q, k and v in one matmul                   1   (the three weight matrices fused)
-    rotary embedding of q and k together       3   (x * cos + roll(x) * signed sin, tables indexed by position)
-    keys and values written into the cache     2   (``index_copy_`` at the call's slots)
-    attention over the cache                   1-2 (SDPA with an additive mask gathered once a call)
+    rotary embedding of q and k together       3   (x * cos + roll(x) * signed sin, in place, tables by position)
+    keys and values written into the cache     1   (``index_copy_`` at the call's slots: k beside v)
+    attention over the cache                   1   (SDPA, with an additive mask made once a call)
     output projection, residual add            2
     rms_norm, gate and up in one matmul        2
     SiLU, times up, down projection, add       4
 
 plus a handful a call: the embedding, the positions, the mask and rotary rows, the final norm and the LM
-head. The weights are not copied: q, k and v (and gate and up) are concatenated once into one matrix, and
-the model's own parameters are re-pointed at slices of it, so the Hugging Face model and this decoder read
-the same memory (and a later in-place change to either shows in both).
+head. A call on one position of a growing cache needs no mask (its query sees every key), which on a CPU,
+where every operator costs several microseconds, counts in a small draft model's call. The weights are not
+copied: q, k and v (and gate and up) are concatenated once into one matrix, and the model's own parameters
+are re-pointed at slices of it, so the Hugging Face model and this decoder read the same memory (and a later
+in-place change to either shows in both).
 
 It serves the families whose layers are Llama's: Llama (with llama3 rotary scaling), Mistral, Qwen2
 (biases on q, k and v) and Qwen3 (RMSNorm on each head of q and k), sliding windows included (the mask
@@ -38,10 +40,10 @@ own positions and mask (`specbook.trees`), for rows that are slots but not posit
 import weakref
 from contextlib import contextmanager
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .cache import SlotCache, attention_windows, new_cache
 
@@ -49,6 +51,16 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 CLASSES = {f"{name}{kind}" for name in ("Llama", "Mistral", "Qwen2", "Qwen3")
            for kind in ("ForCausalLM", "Model", "DecoderLayer")}  # exactly these: a subclass may compute more
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # tables that depend on the position only
+
+
+class Output(NamedTuple):
+    """A call's outputs, read by name as Hugging Face's model outputs are (and made in a fraction of their time,
+    which counts in a small draft model's call)."""
+
+    logits: torch.Tensor | None = None  # (1, keep, vocab); None for a bare stack
+    past_key_values: SlotCache | None = None
+    hidden_states: tuple | None = None  # each (1, n, hidden), when asked
+    last_hidden_state: torch.Tensor | None = None  # a bare stack's features (1, n, hidden)
 
 
 def _rope_type(config) -> str:
@@ -204,30 +216,27 @@ class Decoder:
     def _rms_norm(self, x, weight):
         return F.rms_norm(x, weight.shape, weight, self.eps)
 
-    def _rotate(self, x, cos, sin):  # x (n, heads, head_dim); cos, sin (n, 1, head_dim)
-        return torch.addcmul(x * cos, x.roll(self.head_dim // 2, -1), sin)
+    def _rotate(self, x, cos, sin):  # x (n, heads, head_dim), in place; cos, sin (n, 1, head_dim)
+        rolled = x.roll(self.head_dim // 2, -1)
+        x.mul_(cos).addcmul_(rolled, sin)
 
     def _attend(self, layer, x, cache, index, slots, cos, sin, mask):
         """One layer's attention on ``x`` (n, hidden): its keys and values written at ``slots`` (n,), its
-        queries attending to the cache's first ``mask.shape[-1]`` slots under ``mask`` (G * n, span)."""
+        queries attending to the cache's first ``cache.span`` slots under ``mask`` (G * n, span; None: all)."""
         n, heads, kv_heads, head_dim = x.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = F.linear(self._rms_norm(x, layer.input_norm), layer.qkv, layer.qkv_bias)  # (n, (H + 2 KV) * d)
         qkv = qkv.view(n, heads + 2 * kv_heads, head_dim)
+        qk = qkv[:, :heads + kv_heads]  # (n, H + KV, d): rotated in place, beside the values
         if layer.head_norms is not None:  # Qwen3: RMSNorm over each head of q and of k
-            q = self._rms_norm(qkv[:, :heads], layer.head_norms[0])
-            k = self._rms_norm(qkv[:, heads:heads + kv_heads], layer.head_norms[1])
-            qk = self._rotate(torch.cat([q, k], 1), cos, sin)
-        else:
-            qk = self._rotate(qkv[:, :heads + kv_heads], cos, sin)  # (n, H + KV, d)
-        keys, values = cache.keys[index], cache.values[index]  # (KV, max_length, d)
-        keys.index_copy_(1, slots, qk[:, heads:].transpose(0, 1))
-        values.index_copy_(1, slots, qkv[:, heads + kv_heads:].transpose(0, 1))
-        span = mask.shape[-1]
+            qk.copy_(torch.cat([self._rms_norm(qk[:, :heads], layer.head_norms[0]),
+                                self._rms_norm(qk[:, heads:], layer.head_norms[1])], 1))
+        self._rotate(qk, cos, sin)
+        cache.kv[index].index_copy_(1, slots, qkv[:, heads:].transpose(0, 1))  # keys and values (2 KV, n, d)
+        keys, values = cache.keys[index, None, :, :cache.span], cache.values[index, None, :, :cache.span]
         groups = heads // kv_heads  # grouped-query attention: a group's query heads are rows of one KV head
-        q = qk[:, :heads].transpose(0, 1).reshape(1, kv_heads, groups * n, head_dim)  # (1, KV, G * n, d)
-        out = F.scaled_dot_product_attention(q, keys[None, :, :span], values[None, :, :span],
-                                             attn_mask=mask[None, None])  # (1, KV, G * n, d)
-        out = out.view(heads, n, head_dim).transpose(0, 1).reshape(n, heads * head_dim)
+        q = qkv[:, :heads].transpose(0, 1).reshape(1, kv_heads, groups * n, head_dim)  # (1, KV, G * n, d)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=None if mask is None else mask[None, None])
+        out = out.view(heads, n, head_dim).transpose(0, 1).reshape(n, heads * head_dim)  # from (1, KV, G * n, d)
         return F.linear(out, layer.o, layer.o_bias)  # (n, hidden)
 
     @torch.no_grad()  # decoding: no autograd, even outside the engine (its tables may be inference tensors)
@@ -251,7 +260,8 @@ class Decoder:
             positions, masks = position_ids[0], cache.given_masks(attention_mask, n)
         groups = self.heads // self.kv_heads
         if groups > 1:  # a mask row per query row: G groups of n
-            masks = {window: mask.repeat(groups, 1) for window, mask in masks.items()}  # (G * n, length)
+            masks = {window: None if mask is None else mask.repeat(groups, 1)  # (G * n, span)
+                     for window, mask in masks.items()}
         rotary = self.rotary[positions]  # (n, 2, d)
         cos, sin = rotary[:, :1], rotary[:, 1:]  # (n, 1, d) each
         x = F.embedding(input_ids[0], self.embedding) if inputs_embeds is None else inputs_embeds[0]  # (n, hidden)
@@ -263,12 +273,11 @@ class Decoder:
             states.append(x)
         features = self._rms_norm(x, self.norm)  # (n, hidden)
         if self.head is None:  # a bare stack
-            return BaseModelOutputWithPast(last_hidden_state=features[None], past_key_values=cache)
+            return Output(last_hidden_state=features[None], past_key_values=cache)
         kept = features[-logits_to_keep:] if isinstance(logits_to_keep, int) else features[logits_to_keep]
         logits = F.linear(kept, self.head)  # (keep, vocab)
-        return CausalLMOutputWithPast(logits=logits[None], past_key_values=cache,
-                                      hidden_states=tuple(state[None] for state in states[:-1]) + (features[None],)
-                                      if output_hidden_states else None)
+        hidden_states = tuple(state[None] for state in states[:-1]) + (features[None],) if output_hidden_states else None
+        return Output(logits=logits[None], past_key_values=cache, hidden_states=hidden_states)
 
 
 _DECODERS = weakref.WeakKeyDictionary()  # model -> its Decoder
