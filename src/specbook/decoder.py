@@ -276,8 +276,8 @@ class Decoder:
             return Output(last_hidden_state=features[None], past_key_values=cache)
         kept = features[-logits_to_keep:] if isinstance(logits_to_keep, int) else features[logits_to_keep]
         logits = F.linear(kept, self.head)  # (keep, vocab)
-        hidden_states = tuple(state[None] for state in states[:-1]) + (features[None],) if output_hidden_states else None
-        return Output(logits=logits[None], past_key_values=cache, hidden_states=hidden_states)
+        hidden = tuple(state[None] for state in states[:-1]) + (features[None],) if output_hidden_states else None
+        return Output(logits=logits[None], past_key_values=cache, hidden_states=hidden)
 
 
 _DECODERS = weakref.WeakKeyDictionary()  # model -> its Decoder

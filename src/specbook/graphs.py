@@ -45,13 +45,12 @@ import weakref
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 
 from .cache import SlotCache, length_pointers, rollback
 from .decoder import cache_and_forward, decoder_for, forward_over
 from .models import read_features, vocab_size
 from .rejection import chain_decision
-from .sampling import exponential_race
+from .sampling import exponential_race, one_hot
 
 OPTIONS = dict(fullgraph=True, dynamic=False)  # torch.compile: one graph per input shape, no fallback to Python
 # Every model and every input length is one more compilation of the same forward; a benchmark over
@@ -232,7 +231,7 @@ class StaticModel:
             def decide():
                 logits, hidden = self._call(tokens, features)  # as the plain call's graph: one compilation
                 drafts = tokens[0, m:]  # (k,)
-                p = probs if probs is not None or sampler.greedy else F.one_hot(drafts, vocab).float()
+                p = probs if probs is not None or sampler.greedy else one_hot(drafts, vocab)
                 outcome, target_probs = chain_decision(logits[-k - 1:], drafts, p, sampler, noise=noise)
                 return torch.cat([outcome, drafts]), target_probs, hidden
             self.graphs[key] = self._graph(decide), (tokens, probs, noise)

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from .sampling import draw, exponential_race
+from .sampling import draw, exponential_race, one_hot
 
 CORRECTIONS = ("residual", "target")
 
@@ -220,9 +220,10 @@ def chain_decision(logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs
     ``draft_tokens`` (K,): the outcome (2,) [number accepted, next token] (`chain_outcome_greedy`, or
     `chain_outcome` with the draft's p (K, vocab) and ``generator`` or ``noise``), and the target's
     distributions under ``sampler`` (K + 1, vocab), for the drafter's and the policy's hooks."""
-    target_probs = sampler.probs(logits)  # (K + 1, vocab)
     if sampler.greedy:
-        return chain_outcome_greedy(draft_tokens, logits.argmax(-1)), target_probs
+        target_tokens = logits.argmax(-1)  # (K + 1,)
+        return chain_outcome_greedy(draft_tokens, target_tokens), one_hot(target_tokens, logits.shape[-1])
+    target_probs = sampler.probs(logits)  # (K + 1, vocab)
     return chain_outcome(draft_tokens, draft_probs, target_probs, generator, noise), target_probs
 
 

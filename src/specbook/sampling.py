@@ -55,7 +55,7 @@ class Sampler:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution a token is drawn from: (..., vocab) logits -> (..., vocab) probabilities."""
         if self.greedy:
-            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+            return one_hot(logits.argmax(-1), logits.shape[-1])
         return self.warp(logits).softmax(-1)
 
     def sample(self, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -73,6 +73,12 @@ class Sampler:
             for row in (row for row, on in enumerate(active) if on):
                 tokens[row] = self.sample(probs[row], generators[row])
         return tokens
+
+
+def one_hot(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The one-hot distributions (..., vocab), float32, of ``tokens`` (...): ``F.one_hot(tokens, vocab).float()``
+    in two kernels, without its check of the tokens' range (two reductions on a CPU)."""
+    return torch.zeros(tokens.shape + (vocab,), device=tokens.device).scatter_(-1, tokens[..., None], 1.0)
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None = None, race: bool | None = None) -> torch.Tensor:

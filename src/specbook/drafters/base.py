@@ -15,13 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
+from ..sampling import one_hot
+
 
 @dataclass
 class Draft:
     """Proposed tokens (n,) and the draft distributions p they were drawn from (n, vocab).
 
-    ``probs`` is None for a deterministic drafter (n-grams, prompt lookup): its p is one-hot on
-    each proposed token, and the accept rule min(1, q/p) becomes "accept with probability q(x)".
+    ``probs`` is None for a deterministic drafter (n-grams, prompt lookup, a draft model decoding
+    greedily): its p is one-hot on each proposed token, and the accept rule min(1, q/p) becomes
+    "accept with probability q(x)".
 
     ``parents`` None is a chain: token i continues token i - 1. Otherwise the draft is a token
     tree: ``parents[i]`` is the node token i continues, -1 for the pending token, parents before
@@ -54,7 +57,7 @@ class Draft:
         a narrower draft lacks, or one-hot rows for a deterministic drafter."""
         if self.probs is not None:
             return torch.nn.functional.pad(self.probs, (0, vocab - self.probs.shape[1]))
-        return torch.nn.functional.one_hot(self.tokens, vocab).float()
+        return one_hot(self.tokens, vocab)
 
 
 class Drafter:

@@ -78,6 +78,7 @@ class ModelDrafter(Drafter):
         else:  # the model's static cache for drafting, emptied, and the runner that replays its steps
             self.forward = static_model(self.model, self.static_length, "draft", self.compile)
             self.cache, self.call = self.forward.start(), self.forward.eager
+        self.readable = embedding_rows(self.model)  # the token ids it can read (looked up once: a walk of modules)
         self.pending = prefill(self.model, self.cache, input_ids, runner=self.forward)[0]  # (n,): not in the cache
         self.proposed = self.pending[:0]  # (K,): this step's drafts
         self.last_fed = self.pending  # (1,): the context's last token, which the first draft follows
@@ -99,17 +100,19 @@ class ModelDrafter(Drafter):
             else:
                 logits = self.forward(inputs)[0]  # (n, vocab)
             logits = logits[-1, : self.vocab_size]  # (vocab,)
-            step_probs = sampler.probs(logits)  # (vocab,): the warped p, what verification uses
-            token = sampler.sample(step_probs, generator)  # (), on the device
+            if sampler.greedy:  # a deterministic draft: its p is one-hot on its token (`Draft`), left implicit
+                token = logits.argmax(-1)  # (), on the device
+            else:
+                probs.append(sampler.probs(logits))  # (vocab,): the warped p, what verification uses
+                token = sampler.sample(probs[-1], generator)
             tokens.append(token)
-            probs.append(step_probs)
             if keep_drafting is not None and not keep_drafting(logits.float().softmax(-1)):  # its own confidence
                 break
             inputs = token.view(1, 1)
-        return self._drafted(torch.stack(tokens), torch.stack(probs))
+        return self._drafted(torch.stack(tokens), torch.stack(probs) if probs else None)
 
     def _drafted(self, tokens, probs) -> Draft:
-        """The step's `Draft` of ``tokens`` (k,) with their distributions (k, vocab)."""
+        """The step's `Draft` of ``tokens`` (k,) with their distributions (k, vocab), or None (greedy)."""
         self.calls += len(tokens)
         self.proposed = tokens
         return Draft(tokens, probs)
@@ -130,7 +133,7 @@ class ModelDrafter(Drafter):
             return False
         accepted = outcome[:1]  # (1,)
         last = torch.cat([self.last_fed, self.proposed]).gather(0, accepted)  # (1,): the token before the next
-        next_token = outcome[1:].clamp(max=embedding_rows(self.model) - 1)  # (1,); one it lacks: `update` refuses
+        next_token = outcome[1:].clamp(max=self.readable - 1)  # (1,); one it lacks: `update` refuses
         pending = torch.cat([last, next_token])  # (2,)
         rollback(self.cache, len(self.proposed) - accepted[0])  # the cache held the context and n - 1 drafts
         self.last_fed = pending[1:]
@@ -139,11 +142,10 @@ class ModelDrafter(Drafter):
 
     def _check_readable(self, token: int) -> None:
         """Refuse a target token beyond the draft's embedding: a padding row only a wider target has."""
-        rows = embedding_rows(self.model)
-        if token >= rows:
+        if token >= self.readable:
             raise ValueError(f"the target emitted token {token}, a padding row of its vocabulary that the draft "
-                             f"model's embedding ({rows} rows) cannot read: draft with a model whose embedding "
-                             "covers the target's tokens")
+                             f"model's embedding ({self.readable} rows) cannot read: draft with a model whose "
+                             "embedding covers the target's tokens")
 
     def update(self, num_accepted, next_token):
         self._check_readable(next_token)
@@ -151,7 +153,7 @@ class ModelDrafter(Drafter):
             return
         in_cache = max(len(self.proposed) - 1, 0)  # the last draft was sampled, never fed
         rollback(self.cache, in_cache - min(num_accepted, in_cache))
-        next_token = torch.full((1,), next_token, dtype=self.proposed.dtype, device=self.device)  # no host copy
+        next_token = torch.full((1,), next_token, dtype=self.proposed.dtype, device=self.proposed.device)
         self.pending = torch.cat([self.pending, self.proposed[in_cache:num_accepted], next_token])
         self.proposed = self.proposed[:0]
 

@@ -25,6 +25,7 @@ from collections import defaultdict
 import torch
 
 from ..policies import check_integer
+from ..sampling import one_hot
 from .base import Draft
 from .model import ModelDrafter
 
@@ -83,7 +84,7 @@ class OuroborosDrafter(ModelDrafter):
         self.chain_length, self.drafted, depth = len(draft), draft.tokens, k - len(draft)
         self.drafted_ids = draft.tokens.tolist() if depth > 0 else None  # the pool is on the host: one read
         phrases = self.pool.after(self.drafted_ids[-1], self.max_phrases) if depth > 0 else []
-        width = draft.probs.shape[1]
+        width = self.vocab_size  # the chain's p's width
         phrases = [phrase[:depth] for phrase in phrases if max(phrase) < width]  # a wider target's rows: not drafted
         if not phrases:
             return draft
@@ -97,9 +98,10 @@ class OuroborosDrafter(ModelDrafter):
                     parents.append(parent)
                 parent = nodes[phrase[:end]]
         phrase_tokens = torch.tensor(tokens, dtype=torch.long, device=draft.tokens.device)  # (m,)
-        one_hot = torch.nn.functional.one_hot(phrase_tokens, width).to(draft.probs.dtype)  # (m, vocab): deterministic
         self.drafted, self.drafted_ids = torch.cat([draft.tokens, phrase_tokens]), self.drafted_ids + tokens
-        return Draft(self.drafted, torch.cat([draft.probs, one_hot]), list(range(-1, len(draft) - 1)) + parents)
+        probs = None if draft.probs is None else torch.cat(  # a greedy chain's p is one-hot, as the phrases' are
+            [draft.probs, one_hot(phrase_tokens, width).to(draft.probs.dtype)])  # (n + m, vocab)
+        return Draft(self.drafted, probs, list(range(-1, len(draft) - 1)) + parents)
 
     def update(self, num_accepted, next_token, path=None):
         path = list(range(num_accepted)) if path is None else path  # a chain: its first drafts
