@@ -4,7 +4,7 @@ from hypothesis import given, settings, strategies as st
 from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
-from specbook.sampling import Sampler
+from specbook.sampling import Sampler, one_hot
 
 
 def hugging_face_probs(logits, temperature, top_k, top_p):
@@ -31,6 +31,24 @@ def test_greedy_is_one_hot_on_the_argmax():
     probs = Sampler(0).probs(logits)
     assert probs.tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]
     assert Sampler(0).sample(probs).tolist() == [1, 0]
+
+
+def test_one_hot_is_torchs():
+    tokens = torch.tensor([[3, 0], [4, 4]])
+    assert torch.equal(one_hot(tokens, 5), torch.nn.functional.one_hot(tokens, 5).float())
+    assert one_hot(tokens[0, 0], 5).shape == (5,)
+
+
+def test_pick_draws_as_sample_does_and_leaves_a_greedy_p_implicit():
+    """A drafted token and its p: greedily the argmax and None (a deterministic draft's one-hot p); sampled, the
+    warped p and the token `sample` draws from it with the same stream."""
+    logits = torch.randn(2, 7, generator=torch.Generator().manual_seed(0))
+    token, probs = Sampler(0).pick(logits)
+    assert torch.equal(token, logits.argmax(-1)) and probs is None
+    sampler = Sampler(0.8, top_k=5)
+    token, probs = sampler.pick(logits, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(probs, sampler.probs(logits))
+    assert torch.equal(token, sampler.sample(probs, torch.Generator().manual_seed(1)))
 
 
 def test_top_k_keeps_ties_and_top_p_keeps_the_top_token():

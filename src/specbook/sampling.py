@@ -64,6 +64,15 @@ class Sampler:
             return probs.argmax(-1)
         return draw(probs, generator)
 
+    def pick(self, logits: torch.Tensor, generator: torch.Generator | None = None):
+        """A drafted token from ``logits`` (..., vocab), and the p verification tests it against: (token (...),
+        probs (..., vocab)); greedily the argmax and None, a deterministic draft's p, one-hot and left implicit
+        (`specbook.drafters.Draft`)."""
+        if self.greedy:
+            return logits.argmax(-1), None
+        probs = self.probs(logits)
+        return self.sample(probs, generator), probs
+
     def sample_rows(self, probs: torch.Tensor, generators: list, active: list[bool]) -> torch.Tensor:
         """One token per row of a batch, ``probs`` (B, vocab) -> (B,), row b drawn from its own stream
         ``generators[b]`` exactly as `sample` draws it alone, so a row's tokens do not depend on the

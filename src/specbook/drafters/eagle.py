@@ -104,12 +104,12 @@ class EagleDrafter(Drafter):
                 predicted = self._feed(predicted, tokens[-1][None])  # (1, hidden)
                 self.fed += 1
             logits = self.logits(predicted[0])  # (vocab,)
-            step_probs = sampler.probs(logits)  # (vocab,): the warped p, what verification uses
-            tokens.append(sampler.sample(step_probs, generator))
+            token, step_probs = sampler.pick(logits, generator)  # (); the warped p, or None (greedy)
+            tokens.append(token)
             probs.append(step_probs)
             if keep_drafting is not None and not keep_drafting(logits.float().softmax(-1)):  # its own confidence
                 break
-        return Draft(torch.stack(tokens), torch.stack(probs))  # (n,), (n, vocab)
+        return Draft(torch.stack(tokens), None if sampler.greedy else torch.stack(probs))  # (n,), (n, vocab) or None
 
     def _tree(self, tree, predicted):
         tokens = []  # per depth

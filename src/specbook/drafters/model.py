@@ -100,16 +100,13 @@ class ModelDrafter(Drafter):
             else:
                 logits = self.forward(inputs)[0]  # (n, vocab)
             logits = logits[-1, : self.vocab_size]  # (vocab,)
-            if sampler.greedy:  # a deterministic draft: its p is one-hot on its token (`Draft`), left implicit
-                token = logits.argmax(-1)  # (), on the device
-            else:
-                probs.append(sampler.probs(logits))  # (vocab,): the warped p, what verification uses
-                token = sampler.sample(probs[-1], generator)
+            token, step_probs = sampler.pick(logits, generator)  # (), on the device; the warped p, or None (greedy)
             tokens.append(token)
+            probs.append(step_probs)
             if keep_drafting is not None and not keep_drafting(logits.float().softmax(-1)):  # its own confidence
                 break
             inputs = token.view(1, 1)
-        return self._drafted(torch.stack(tokens), torch.stack(probs) if probs else None)
+        return self._drafted(torch.stack(tokens), None if sampler.greedy else torch.stack(probs))
 
     def _drafted(self, tokens, probs) -> Draft:
         """The step's `Draft` of ``tokens`` (k,) with their distributions (k, vocab), or None (greedy)."""
