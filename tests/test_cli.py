@@ -102,8 +102,8 @@ def test_the_gpu_suite_writes_a_results_file(tmp_path, capsys, monkeypatch):
 def test_the_profile_suite_splits_a_step_for_each_k(capsys):
     main(["bench", "--suite", "profile", "--prompts", "open", "--ks", "1,3", "--max-new-tokens", "6"])
     out = capsys.readouterr().out
-    assert "milliseconds per step" in out and "target call" in out and "engine" in out
-    assert len(out.strip().splitlines()) == 4  # a title, the header, one row per K
+    assert "milliseconds per step" in out and "target call" in out and "engine" in out and "at_most" in out
+    assert len(out.strip().splitlines()) == 5  # a title, the header, one row per K, what at_most means
     main(["bench", "--suite", "profile", "--prompts", "open", "--ks", "1", "--max-new-tokens", "6", "--no-pack"])
     assert "linear layers as loaded" in capsys.readouterr().out
 

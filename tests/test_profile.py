@@ -5,7 +5,7 @@ from specbook import autoregressive_generate, decoding
 from specbook.bench import autoregressive, decode_latency, measure_alpha, run_benchmark, speculative
 from specbook.drafters import ModelDrafter, TopKTreeDrafter
 from specbook.models import weight_bytes
-from specbook.profile import PARTS, copy_bandwidth, step_profile
+from specbook.profile import PARTS, autoregressive_ms, copy_bandwidth, step_profile
 from specbook.sampling import Sampler
 from specbook.spread import compared, fastest, speedup_range, spread_text
 
@@ -24,6 +24,20 @@ def test_a_step_splits_into_its_parts_and_the_engine(target, draft, tree):
     for part in ("draft", "target call", "probabilities", "verification", "rollback"):
         assert parts[part] > 0, part
     assert parts["engine"] >= 0  # what the parts leave of the wall time
+
+
+def test_autoregressive_ms_times_every_token_of_every_prompt(target, monkeypatch):
+    """The baseline the profile's bound divides by: the wall time of the prompts' generations over their tokens."""
+    generated = []
+    real = autoregressive_generate
+
+    def counted(*args, **kwargs):
+        generated.append(real(*args, **kwargs))
+        return generated[-1]
+
+    monkeypatch.setattr("specbook.profile.autoregressive_generate", counted)
+    ms = autoregressive_ms(target, PROMPTS, max_new_tokens=5)
+    assert len(generated) == 1 + len(PROMPTS) and ms > 0  # one untimed run, then each prompt
 
 
 def test_the_profile_leaves_the_engine_as_it_found_it(target, draft):

@@ -24,7 +24,7 @@ from .heads import EagleHead, ExitHead, MedusaHeads
 from .models import assets_dir, load_model
 from .packed import is_packed
 from .mtp import load_mtp
-from .profile import copy_bandwidth, step_profile
+from .profile import autoregressive_ms, copy_bandwidth, step_profile
 from .sampling import Sampler
 from .spread import show_spreads, spread_of, tie_text
 from .suites import (TREE_SIZES, ablation, comparison, eagle3_rows, encoder_decoder, family, heads_and_trees,
@@ -326,9 +326,12 @@ def run_profile(pair, args, path):
 
     prompts = [pair.encode(text) for text in PROMPT_SETS["open" if args.prompts == "both" else args.prompts]]
     sampler = Sampler(args.temperature, args.top_k, args.top_p)
-    rows = []
+    rows, baseline = [], autoregressive_ms(pair.target, prompts, args.max_new_tokens, sampler, args.seed)
     for k in args.ks:
         profile = step_profile(pair.target, pair.draft, prompts, k, args.max_new_tokens, sampler, args.seed)
-        rows.append({"k": k, **profile["ms_per_step"], "tokens_per_step": profile["tokens_per_step"]})
+        rows.append({"k": k, **profile["ms_per_step"], "tokens_per_step": profile["tokens_per_step"],
+                     "at_most": profile["tokens_per_step"] * baseline / profile["ms_per_step"]["target call"]})
     print(f"milliseconds per step on {machine()}, {in_words(path)}")
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"at_most: the speedup over autoregressive decoding ({baseline:.3f} ms a token) were drafting and the engine "
+          "free, tokens per step times that over the target call")

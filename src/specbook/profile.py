@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from . import decoding
 from .bench import _clock
-from .decoding import gpu_path, speculative_generate
+from .decoding import autoregressive_generate, gpu_path, speculative_generate
 from .drafters import as_drafter
 from .sampling import Sampler
 
@@ -112,6 +112,17 @@ def step_profile(target, drafter, prompts, k=4, max_new_tokens=64, sampler=Sampl
     # the parts are disjoint intervals of the total, so only rounding could take the remainder below zero
     parts["engine"] = max(0.0, 1000 * (total - sum(timer.seconds.values())) / steps)
     return {"steps": steps, "ms_per_step": parts, "tokens_per_step": tokens / steps}
+
+
+def autoregressive_ms(target, prompts, max_new_tokens=64, sampler=Sampler(0), seed=0, **path) -> float:
+    """Milliseconds per token of autoregressive decoding over ``prompts`` ((1, T) tensors), after one untimed run:
+    the baseline a speculative step's parts are weighed against. A step of E tokens whose target call takes t ms
+    can run at most E * (this) / t times as fast, even were drafting and the engine free."""
+    autoregressive_generate(target, prompts[0], max_new_tokens, sampler, seed, **path)
+    started, tokens = _clock(), 0
+    for input_ids in prompts:
+        tokens += len(autoregressive_generate(target, input_ids, max_new_tokens, sampler, seed, **path).token_ids)
+    return 1000 * (_clock() - started) / tokens
 
 
 CONVERSIONS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__")  # tensor -> Python value
