@@ -16,7 +16,9 @@ from nbclient import NotebookClient
 def run(path, timeout):
     notebook = nbformat.read(path, as_version=4)
     started = time.perf_counter()
-    NotebookClient(notebook, timeout=timeout, kernel_name="python3", store_widget_state=False, record_timing=False,
+    # the widgets' state is kept while the notebook runs (nbclient's hook for an Output widget, which
+    # `ipywidgets.interact` makes, looks it up) and dropped before the notebook is written
+    NotebookClient(notebook, timeout=timeout, kernel_name="python3", store_widget_state=True, record_timing=False,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     notebook.metadata.pop("widgets", None)
     nbformat.write(notebook, path)
