@@ -34,7 +34,7 @@ import torch
 
 from .rejection import _accept_probs, check_distribution, residual_distribution
 from .sampling import draw
-from .trees import TreeShape, check_parents, children_of
+from .trees import TreeShape, check_parents, children_of, on_device
 
 
 class TreeVerification(NamedTuple):
@@ -193,3 +193,10 @@ class Path(list):
     def __init__(self, nodes, order: torch.Tensor | None = None):
         super().__init__(nodes)
         self.order = order
+
+
+def path_order(path, device) -> torch.Tensor:
+    """The nodes of ``path`` first, as a long tensor on ``device``: a `Path`'s ``order`` as verification left it
+    there (the other nodes after them), or a plain list of nodes, copied there once (`specbook.trees.on_device`)."""
+    order = getattr(path, "order", None)
+    return on_device(path, device) if order is None else order

@@ -28,6 +28,7 @@ import torch
 
 from ..cache import rollback
 from ..heads import EagleHead, check_hidden_size
+from ..tree_verification import path_order
 from ..trees import DynamicTree, TreeSpec, grow_dynamic_tree, on_device, tree_inputs
 from .base import Draft, Drafter
 
@@ -144,10 +145,8 @@ class EagleDrafter(Drafter):
     def update(self, num_accepted, next_token, path=None):
         rollback(self.cache, self.fed)  # every drafted pair: the committed ones come back with true features
         accepted = self.proposed[:num_accepted]  # (accepted,), on the device: a chain's, or a tree's path's
-        if path is not None:  # the path's nodes as verification left them on the device (`Path.order`)
-            nodes = path.order[: len(path)] if getattr(path, "order", None) is not None else on_device(
-                path, self.proposed.device)
-            accepted = self.proposed.index_select(0, nodes)
+        if path is not None:  # the path's nodes as verification left them on the device
+            accepted = self.proposed.index_select(0, path_order(path, self.proposed.device)[: len(path)])
         next_token = torch.full((1,), next_token, dtype=self.tokens.dtype, device=self.tokens.device)  # no copy
         self.tokens = torch.cat([self.tokens, accepted, next_token])
         self.proposed, self.fed = self.proposed[:0], 0

@@ -28,6 +28,7 @@ from ..cache import is_static
 from ..glide import GlideForCausalLM, read_target_cache
 from ..policies import check_integer
 from ..sampling import Sampler
+from ..tree_verification import path_order
 from ..trees import on_device
 from .base import Draft
 from .model import ModelDrafter
@@ -173,6 +174,5 @@ class GlideDrafter(ModelDrafter):
         chain = sum(node < self.chain for node in path)  # the path: the chain's first nodes, then maybe a sibling
         super().update(chain, next_token)
         if len(path) > chain:  # an accepted sibling: the draft has not read it yet
-            order = getattr(path, "order", None)  # the path's nodes first, on the device
-            last = order[len(path) - 1:len(path)] if order is not None else on_device(path[-1:], self.device)
+            last = path_order(path, self.drafted.device)[len(path) - 1:len(path)]  # (1,): its last node
             self.pending = torch.cat([self.pending[:-1], self.drafted.index_select(0, last), self.pending[-1:]])

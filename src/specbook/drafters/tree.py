@@ -39,6 +39,7 @@ children they add or leave out are drawn, and verification does not care what sh
 import torch
 
 from ..cache import keep_tail
+from ..tree_verification import path_order
 from ..trees import DynamicTree, TreeSpec, grow_dynamic_tree, on_device, tree_forward
 from .base import Draft
 from .model import ModelDrafter
@@ -117,14 +118,13 @@ class TopKTreeDrafter(ModelDrafter):
     def update(self, num_accepted, next_token, path=None):
         self._check_readable(next_token)
         path = path or []  # no path: nothing was proposed this step
-        order = getattr(path, "order", None)  # the path's nodes first, on the device (`tree_verification.Path`)
-        order = on_device(path, self.device) if order is None else order
+        order = path_order(path, self.proposed.device)  # (n,): the path's nodes first
         if self.rows is None:  # a static tree: its fed nodes are its first, each at its own row
             fed, rows = sum(node < self.fed for node in path), order
         else:  # a dynamic tree: the path's nodes but its last had children, so were fed; the last is fed again
             fed, rows = max(len(path) - 1, 0), self.rows.index_select(0, order)
         keep_tail(self.cache, rows, self.fed, fed)  # the path's first ``fed`` nodes stay, in order
-        next_token = torch.full((1,), next_token, dtype=self.proposed.dtype, device=self.device)  # no host copy
+        next_token = torch.full((1,), next_token, dtype=self.proposed.dtype, device=self.proposed.device)
         self.pending = torch.cat([self.pending, self.proposed.index_select(0, order[fed:len(path)]), next_token])
         self.proposed, self.fed, self.rows = self.proposed[:0], 0, None
 
