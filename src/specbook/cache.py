@@ -161,7 +161,6 @@ class SlotCache:
         ``slots`` (n,): a key is visible at a position <= the query's, and within its window. None where every
         key is: one query at the last slot of a growing cache, within its window."""
         keys = self.steps[: self.span]  # (span,)
-        hidden = max(torch.finfo(self.keys.dtype).min, torch.finfo(torch.float32).min)  # where's scalars: float32
         masks = {}
         for window in set(self.windows):
             if len(slots) == 1 and not self.static and (window is None or self.span <= window):
@@ -170,8 +169,13 @@ class SlotCache:
             visible = keys <= slots[:, None]  # (n, span)
             if window is not None:
                 visible &= keys > slots[:, None] - window
-            masks[window] = torch.where(visible, 0.0, hidden).to(self.keys.dtype)
+            masks[window] = self._additive(visible)
         return masks
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        """An additive mask in the cache's dtype from a boolean one: 0 where a key is visible, else its lowest."""
+        hidden = max(torch.finfo(self.keys.dtype).min, torch.finfo(torch.float32).min)  # where's scalars: float32
+        return torch.where(visible, 0.0, hidden).to(self.keys.dtype)
 
     def tree_masks(self, slots: torch.Tensor, visible: torch.Tensor, depths: torch.Tensor) -> tuple:
         """A token tree's positions (n,) and masks per window (n, span) for a call on its last n rows at ``slots``
@@ -188,11 +192,10 @@ class SlotCache:
         seen = torch.where(in_tree, visible[:, column], row < 0)  # (n, span): the prefix, and the tree's mask
         key_positions = torch.where(in_tree, start + depths[column], keys)  # (span,)
         positions = start + depths[size - n:]  # (n,)
-        hidden = max(torch.finfo(self.keys.dtype).min, torch.finfo(torch.float32).min)
         masks = {}
         for window in set(self.windows):
-            shown = seen if window is None else seen & (key_positions > positions[:, None] - window)
-            masks[window] = torch.where(shown, 0.0, hidden).to(self.keys.dtype)
+            shown = seen if window is None else seen & (key_positions > positions[:, None] - window)  # (n, span)
+            masks[window] = self._additive(shown)
         return positions, masks
 
     def given_masks(self, attention_mask, n: int) -> dict:
