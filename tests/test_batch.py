@@ -16,7 +16,9 @@ from scipy.stats import chisquare
 from specbook import (BatchSizeK, EntropyGuidedK, HeuristicK, MedusaDrafter, MedusaHeads, NGramDrafter,
                       PromptLookupDrafter, Sampler, TopKTreeDrafter, autoregressive_generate, speculative_generate)
 from specbook import batch as batch_module
-from specbook.ragged import check_batch
+from specbook.cache import SlotRows
+from specbook.decoder import serves
+from specbook.ragged import RaggedCache, SlotRowsCache, check_batch, rows_cache
 
 from families import FAMILIES, VOCAB, hf_greedy, tiny_family_model
 from support import NEW_TOKENS, SAMPLERS, sequence_distribution, tiny_model
@@ -57,6 +59,41 @@ def alone(target, drafter, prompt, new_tokens, **options):
     if drafter is None:
         return autoregressive_generate(target, ids, new_tokens, **options)
     return speculative_generate(target, drafter, ids, new_tokens, **options)
+
+
+def test_a_batch_runs_on_the_package_decoder_where_it_serves_the_model(pair, family_pair):
+    """The built-in Llama-family pair batches over the decoder's cache, a write offset per row; a model the decoder
+    does not serve over Hugging Face's forward and hidden columns."""
+    assert isinstance(rows_cache(pair[0], 2, 8), SlotRowsCache)
+    served = serves(family_pair[0]) is None
+    assert isinstance(rows_cache(family_pair[0], 2, 8), SlotRowsCache if served else RaggedCache)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 4, 8, 16])
+def test_greedy_rows_with_their_own_ends_equal_their_batch_of_one_output(pair, batch):
+    """B = 1 .. 16: prompts of different lengths, rows that stop at an end-of-sequence token at different steps (or
+    never): each row is its batch-of-one output, autoregressively and speculatively."""
+    target, draft = pair
+    prompts = random_prompts(batch, longest=12, seed=10 + batch)
+    eos = alone(target, None, prompts[0], 24, sampler=GREEDY).token_ids[6]  # a token row 0 emits at its 7th
+    ids, mask = left_pad(prompts)
+    references = [alone(target, None, prompt, 24, sampler=GREEDY, eos_token_id=eos).token_ids for prompt in prompts]
+    assert len(references[0]) == 7
+    assert autoregressive_generate(target, ids, 24, GREEDY, eos_token_id=eos, attention_mask=mask).token_ids \
+        == references
+    assert speculative_generate(target, draft, ids, 24, k=3, sampler=GREEDY, eos_token_id=eos,
+                                attention_mask=mask).token_ids == references
+
+
+def test_greedy_equality_catches_rows_placed_without_their_padding(pair, monkeypatch):
+    """The broken variant: the decoder's batch cache takes every column for a token of its row (padding and filler
+    included), which shifts a shorter prompt's positions and lets it see its padding."""
+    target, draft = pair
+    prompts = random_prompts(8, seed=2)
+    ids, mask = left_pad(prompts)
+    references = [alone(target, None, prompt, 20, sampler=GREEDY).token_ids for prompt in prompts]
+    monkeypatch.setattr(SlotRows, "arrange", lambda self, visible: None)
+    assert autoregressive_generate(target, ids, 20, GREEDY, attention_mask=mask).token_ids != references
 
 
 @pytest.mark.parametrize("batch", [2, 32])
@@ -176,6 +213,7 @@ def _row_p_values(target, drafter, sampler):
 
 
 def test_every_row_follows_the_target(tiny_pair):
+    assert isinstance(rows_cache(tiny_pair[0], 2, 8), SlotRowsCache)  # the decoder's batch cache, per-row slots
     assert min(_row_p_values(*tiny_pair, SAMPLERS[0])) > 1e-3
 
 

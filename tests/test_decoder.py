@@ -60,6 +60,59 @@ def test_logits_and_features_are_hugging_faces(family, make):
                 torch.testing.assert_close(state, expected_state, **CLOSE)
 
 
+# each call of a batch of three: tokens per row, where a row's other columns go ("left": padding before its tokens,
+# "right": filler after them), tokens each row then rolls back; "select" keeps rows (in that order)
+BATCH_CALLS = [((3, 9, 14), "left", (0, 0, 0)), ((1, 1, 1), "left", (0, 0, 0)), ((2, 5, 5), "right", (1, 3, 0)),
+               ((1, 2, 1), "left", (0, 0, 0)), ((6, 6, 6), "right", (4, 0, 2)), "select", ((3, 1), "right", (0, 1)),
+               ((2, 2), "left", (0, 0))]
+
+
+@pytest.mark.parametrize("family, make", _served())
+def test_a_batchs_rows_are_their_own_sequences(family, make):
+    """A batch over `SlotRows`: left-padded prompts of different lengths, then calls where rows feed and keep
+    different numbers of tokens, padding before or filler after them, and a finished row leaving: every row's
+    logits at its tokens are Hugging Face's on that row alone (sliding windows of 8 crossed)."""
+    model = make()
+    sequences = torch.randint(0, 90, (3, 40), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        expected = model(sequences).logits  # (3, 40, vocab): each row alone, the causal mask
+        cache, rows, at = decoder_for(model).new_rows(3, 8), [0, 1, 2], [0, 0, 0]  # (it grows)
+        for call in BATCH_CALLS:
+            if call == "select":
+                rows = [rows[2], rows[0]]
+                cache.select([2, 0])
+                continue
+            counts, side, back = call
+            width = max(counts)
+            tokens = torch.zeros(len(rows), width, dtype=torch.long)
+            visible = torch.zeros(len(rows), width, dtype=torch.bool)
+            for i, (row, count) in enumerate(zip(rows, counts)):
+                columns = slice(width - count, width) if side == "left" else slice(0, count)
+                tokens[i, columns] = sequences[row, at[row]:at[row] + count]
+                visible[i, columns] = True
+            cache.arrange(visible)
+            logits = decoder_for(model)(tokens, past_key_values=cache).logits  # (rows, width, vocab)
+            for i, (row, count) in enumerate(zip(rows, counts)):
+                torch.testing.assert_close(logits[i][visible[i]], expected[row, at[row]:at[row] + count], **CLOSE)
+                at[row] += count - back[i]
+            cache.rollback(list(back))
+            assert cache.lengths == [at[row] for row in rows]
+
+
+def test_a_batchs_cache_refuses_what_it_cannot_hold():
+    model = tiny_family_model("llama")
+    cache = decoder_for(model).new_rows(2, 8)
+    with pytest.raises(ValueError, match="this cache holds 2 row\\(s\\)"):
+        decoder_for(model)(torch.zeros(3, 1, dtype=torch.long), past_key_values=cache)
+    cache.arrange(torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="visible must be \\(2, 4\\)"):
+        decoder_for(model)(torch.zeros(2, 4, dtype=torch.long), past_key_values=cache)
+    with pytest.raises(ValueError, match="num_tokens must hold, per row"):
+        cache.rollback([1, 0])
+    with pytest.raises(ValueError, match="a batch's cache keeps chains"):
+        cache.keep(torch.arange(1))
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_a_trees_call_and_its_compaction_are_hugging_faces(family):
     """A token tree fed with its mask and positions (`specbook.trees.tree_forward`) gives Hugging Face's logits, and

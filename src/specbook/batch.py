@@ -34,7 +34,7 @@ from .drafters import Draft, as_drafter
 from .drafters.rows import for_batch
 from .models import check_prompt, vocab_size
 from .policies import DraftLength, as_policy
-from .ragged import RaggedCache, check_batch
+from .ragged import check_batch, rows_cache
 from .records import BatchGeneration, BatchStats, Generation, Step, finish, step_stats
 from .rejection import verify_chain
 from .sampling import make_generator
@@ -100,7 +100,7 @@ def generate_batch(target, drafter, input_ids, max_new_tokens, k, sampler, seed=
         policy.start()
     watch = [policy.keep_drafting if type(policy).keep_drafting is not DraftLength.keep_drafting else None
              for policy in policies]  # only a policy that reads the draft's confidence is asked per token
-    cache, vocab = RaggedCache(target, batch), vocab_size(target)
+    cache, vocab = rows_cache(target, batch, input_ids.shape[1] + max_new_tokens), vocab_size(target)
     pending, pending_visible = input_ids, visible  # the first call reads the prompts
     rows = list(range(batch))  # the rows still decoding, by their index in the batch
     tokens, steps = [[] for _ in rows], [[] for _ in rows]
@@ -120,8 +120,8 @@ def generate_batch(target, drafter, input_ids, max_new_tokens, k, sampler, seed=
             drafts, draft_probs, ks = pending[:, :0], None, [0] * len(rows)
         width = drafts.shape[1]
         new_visible = torch.cat([pending_visible, torch.arange(width)[None] < torch.tensor(ks)[:, None]], 1)
-        logits = target(torch.cat([pending, drafts.to(pending.device)], 1), **cache.inputs(new_visible),
-                        logits_to_keep=width + 1).logits[..., :vocab]  # (rows, K + 1, vocab)
+        logits = cache(torch.cat([pending, drafts.to(pending.device)], 1), new_visible,
+                       logits_to_keep=width + 1).logits[..., :vocab]  # (rows, K + 1, vocab)
         accepted, next_tokens = verify_rows(drafts, ks, draft_probs, logits, sampler,
                                             [generators[row] for row in rows])
         cache.forget(pending.shape[1] + width, [pending.shape[1] + a for a in accepted])

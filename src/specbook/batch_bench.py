@@ -31,7 +31,7 @@ from .bench import INPUT_GROUNDED, OPEN_ENDED, REPETITIVE, _clock, generate_opti
 from .decoding import autoregressive_generate, speculative_generate
 from .models import assets_dir, embedding_rows
 from .policies import BatchSizeK, check_integer
-from .ragged import RaggedCache
+from .ragged import rows_cache
 from .records import acceptance_rate
 from .spread import fastest, show_spreads, speedup_range, spread_of, tie_text
 from .theory import batch_speedup
@@ -59,14 +59,13 @@ def call_costs(model, batch_sizes, positions, context: int = 64, repeats: int = 
     vocab = embedding_rows(model)
     for batch in batch_sizes:
         tokens = torch.randint(vocab, (batch, context + max(positions)), device=model.device)
-        cache = RaggedCache(model, batch)
-        model(tokens[:, :context], **cache.inputs(torch.ones(batch, context, dtype=torch.bool)), logits_to_keep=1)
+        cache = rows_cache(model, batch, tokens.shape[1])
+        cache(tokens[:, :context], torch.ones(batch, context, dtype=torch.bool), logits_to_keep=1)
         times = {n: [] for n in positions}
         for round_ in range(repeats + 1):  # the first round warms up
             for n in positions:
                 started = _clock()
-                model(tokens[:, context: context + n], **cache.inputs(torch.ones(batch, n, dtype=torch.bool)),
-                      logits_to_keep=n)
+                cache(tokens[:, context: context + n], torch.ones(batch, n, dtype=torch.bool), logits_to_keep=n)
                 if round_:
                     times[n].append(_clock() - started)
                 cache.forget(n, [0] * batch)

@@ -45,7 +45,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .cache import SlotCache, attention_windows, new_cache
+from .cache import SlotCache, SlotRows, attention_windows, new_cache
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 CLASSES = {f"{name}{kind}" for name in ("Llama", "Mistral", "Qwen2", "Qwen3")
@@ -213,6 +213,12 @@ class Decoder:
         return SlotCache(len(self.layers), self.kv_heads, self.head_dim, max_length, self.windows,
                          self.dtype, self.device, static)
 
+    def new_rows(self, rows: int, max_length: int) -> SlotRows:
+        """An empty cache for a batch of ``rows`` sequences, each with room for ``max_length`` tokens (it grows)."""
+        self._tables(max_length)
+        return SlotRows(rows, len(self.layers), self.kv_heads, self.head_dim, max_length, self.windows, self.dtype,
+                        self.device)
+
     def _rms_norm(self, x, weight):
         return F.rms_norm(x, weight.shape, weight, self.eps)
 
@@ -220,24 +226,26 @@ class Decoder:
         rolled = x.roll(self.head_dim // 2, -1)
         x.mul_(cos).addcmul_(rolled, sin)
 
-    def _attend(self, layer, x, cache, index, slots, cos, sin, mask):
-        """One layer's attention on ``x`` (n, hidden): its keys and values written at ``slots`` (n,), its
-        queries attending to the cache's first ``cache.span`` slots under ``mask`` (G * n, span; None: all)."""
-        n, heads, kv_heads, head_dim = x.shape[0], self.heads, self.kv_heads, self.head_dim
-        qkv = F.linear(self._rms_norm(x, layer.input_norm), layer.qkv, layer.qkv_bias)  # (n, (H + 2 KV) * d)
-        qkv = qkv.view(n, heads + 2 * kv_heads, head_dim)
-        qk = qkv[:, :heads + kv_heads]  # (n, H + KV, d): rotated in place, beside the values
+    def _attend(self, layer, x, cache, index, cos, sin, mask):
+        """One layer's attention on ``x`` (R * n, hidden), R rows of n: its keys and values written at the slots
+        the cache claimed, its queries attending to the cache's first ``cache.span`` slots under ``mask``
+        (R, G * n, span; None: all)."""
+        rows, heads, kv_heads, head_dim = cache.rows, self.heads, self.kv_heads, self.head_dim
+        n = x.shape[0] // rows
+        qkv = F.linear(self._rms_norm(x, layer.input_norm), layer.qkv, layer.qkv_bias)  # (R n, (H + 2 KV) * d)
+        qkv = qkv.view(rows * n, heads + 2 * kv_heads, head_dim)
+        qk = qkv[:, :heads + kv_heads]  # (R n, H + KV, d): rotated in place, beside the values
         if layer.head_norms is not None:  # Qwen3: RMSNorm over each head of q and of k
             qk.copy_(torch.cat([self._rms_norm(qk[:, :heads], layer.head_norms[0]),
                                 self._rms_norm(qk[:, heads:], layer.head_norms[1])], 1))
         self._rotate(qk, cos, sin)
-        cache.kv[index].index_copy_(1, slots, qkv[:, heads:].transpose(0, 1))  # keys and values (2 KV, n, d)
-        keys, values = cache.keys[index, None, :, :cache.span], cache.values[index, None, :, :cache.span]
+        cache.write(index, qkv[:, heads:])  # keys and values (R n, 2 KV, d)
+        keys, values = cache.attended(index)  # (R, KV, span, d) each
         groups = heads // kv_heads  # grouped-query attention: a group's query heads are rows of one KV head
-        q = qkv[:, :heads].transpose(0, 1).reshape(1, kv_heads, groups * n, head_dim)  # (1, KV, G * n, d)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=None if mask is None else mask[None, None])
-        out = out.view(heads, n, head_dim).transpose(0, 1).reshape(n, heads * head_dim)  # from (1, KV, G * n, d)
-        return F.linear(out, layer.o, layer.o_bias)  # (n, hidden)
+        q = qkv[:, :heads].view(rows, n, heads, head_dim).transpose(1, 2).reshape(rows, kv_heads, groups * n, head_dim)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=None if mask is None else mask[:, None])
+        out = out.view(rows, heads, n, head_dim).transpose(1, 2).reshape(rows * n, heads * head_dim)  # (R n, H d)
+        return F.linear(out, layer.o, layer.o_bias)  # (R n, hidden)
 
     @torch.no_grad()  # decoding: no autograd, even outside the engine (its tables may be inference tensors)
     def __call__(self, input_ids=None, past_key_values=None, use_cache=True, logits_to_keep=0,
@@ -247,37 +255,42 @@ class Decoder:
         if not isinstance(cache, SlotCache):
             raise ValueError(f"Decoder runs over a SlotCache (decoder.new_cache(length); got {type(cache).__name__})")
         inputs = input_ids if inputs_embeds is None else inputs_embeds
-        if inputs.shape[0] != 1:
-            raise ValueError(f"Decoder decodes one sequence (inputs (1, n, ...); got {tuple(inputs.shape)})")
-        n = inputs.shape[1]
-        slots = cache.claim(n)  # (n,)
+        rows, n = inputs.shape[:2]
+        if rows != cache.rows:
+            raise ValueError(f"this cache holds {cache.rows} row(s): inputs must be ({cache.rows}, n, ...) (got "
+                             f"{tuple(inputs.shape)}; a batch decodes over decoder.new_rows(rows, length))")
+        if rows > 1 and (tree is not None or position_ids is not None):
+            raise ValueError("a batch decodes chains: a token tree's positions and mask are for one sequence")
+        slots = cache.claim(n)  # (R n,)
         self._tables(cache.max_length)  # a cache that grew
         if tree is not None:  # the last n rows of a token tree, from its mask and depths on the device
             positions, masks = cache.tree_masks(slots, *tree)
         elif position_ids is None:
-            positions, masks = slots, cache.causal_masks(slots)  # (n,); per window: (n, length)
+            positions, masks = slots, cache.causal_masks(slots)  # (R n,); per window: (R, n, span) or (n, span)
         else:
             positions, masks = position_ids[0], cache.given_masks(attention_mask, n)
-        groups = self.heads // self.kv_heads
-        if groups > 1:  # a mask row per query row: G groups of n
-            masks = {window: None if mask is None else mask.repeat(groups, 1)  # (G * n, span)
-                     for window, mask in masks.items()}
-        rotary = self.rotary[positions]  # (n, 2, d)
-        cos, sin = rotary[:, :1], rotary[:, 1:]  # (n, 1, d) each
-        x = F.embedding(input_ids[0], self.embedding) if inputs_embeds is None else inputs_embeds[0]  # (n, hidden)
+        groups = self.heads // self.kv_heads  # a mask row per query row: G groups of n, in every row
+        for window, mask in masks.items():
+            if mask is not None:
+                mask = mask.view(rows, n, -1)  # (R, n, span)
+                masks[window] = mask.repeat(1, groups, 1) if groups > 1 else mask  # (R, G * n, span)
+        rotary = self.rotary[positions]  # (R n, 2, d)
+        cos, sin = rotary[:, :1], rotary[:, 1:]  # (R n, 1, d) each
+        x = (F.embedding(input_ids.reshape(rows * n), self.embedding) if inputs_embeds is None
+             else inputs_embeds.reshape(rows * n, -1))  # (R n, hidden)
         states = [x]  # the residual stream after 0, 1, ... layers: references, no copies
         for index, (layer, window) in enumerate(zip(self.layers, self.windows)):
-            x = x + self._attend(layer, x, cache, index, slots, cos, sin, masks[window])
+            x = x + self._attend(layer, x, cache, index, cos, sin, masks[window])
             gate, up = F.linear(self._rms_norm(x, layer.post_norm), layer.gate_up).chunk(2, -1)
             x = x + F.linear(F.silu(gate) * up, layer.down)
             states.append(x)
-        features = self._rms_norm(x, self.norm)  # (n, hidden)
+        features = self._rms_norm(x, self.norm).view(rows, n, -1)  # (R, n, hidden)
         if self.head is None:  # a bare stack
-            return Output(last_hidden_state=features[None], past_key_values=cache)
-        kept = features[-logits_to_keep:] if isinstance(logits_to_keep, int) else features[logits_to_keep]
-        logits = F.linear(kept, self.head)  # (keep, vocab)
-        hidden = tuple(state[None] for state in states[:-1]) + (features[None],) if output_hidden_states else None
-        return Output(logits=logits[None], past_key_values=cache, hidden_states=hidden)
+            return Output(last_hidden_state=features, past_key_values=cache)
+        kept = features[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else features[:, logits_to_keep]
+        logits = F.linear(kept, self.head)  # (R, keep, vocab)
+        hidden = tuple(state.view(rows, n, -1) for state in states[:-1]) + (features,) if output_hidden_states else None
+        return Output(logits=logits, past_key_values=cache, hidden_states=hidden)
 
 
 _DECODERS = weakref.WeakKeyDictionary()  # model -> its Decoder

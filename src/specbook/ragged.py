@@ -1,29 +1,35 @@
-"""A KV cache for a batch of rows that grow at different speeds.
+"""KV caches for a batch of rows that grow at different speeds.
 
 A batched call feeds every row the same number of new positions, but after verification each row
 keeps its own number of them: row b keeps its pending token and its a_b accepted drafts, and drops
 the rest. Four ways to store that: copy every row into place after each step (a cache's worth of
 memory traffic per step), keep one cache per row (B calls instead of one), keep a length per row
 and let the next call write each row at its own offset, over what it rejected (what paged servers
-do with their block tables, and BASS for batched speculation: it needs a kernel that writes and
-attends per row), or leave the dropped positions where they are and hide them. `RaggedCache` does
-the last, which Hugging Face's models run as they are: one `transformers.DynamicCache` for the
-whole batch, and a (B, L) bool map of which of its L columns hold a row's committed tokens. Left
-padding (`check_batch`) starts as hidden columns, rejected drafts and the shorter rows' filler
-become hidden columns, and trailing columns that no row keeps are cropped off
-(`specbook.cache.rollback`).
+do with their block tables, and BASS for batched speculation: it needs a forward that writes and
+attends per row), or leave the dropped positions where they are and hide them.
 
-Each call then needs what the model's own mask cannot say: every new row sees the visible columns
-before it and itself, and sits at its row's own position -- the number of visible columns before
-it -- so its rotary or learned position is what it would be alone (`specbook.masks`, sliding
-windows included). A hidden row still sees itself, so that no attention row is empty (an empty one
-would fill the cache with NaN, which a zero weight does not cancel). The price is the hidden
-columns: the keys a call reads but masks, counted by `hidden`.
+The engine does the third where it runs the package's decoder (`specbook.decoder`), whose cache it
+owns: `SlotRowsCache`, over a `specbook.cache.SlotRows`, where row b's tokens fill its slots 0 ..
+length_b - 1, each at its own position, and a call's other columns (a shorter prompt's padding, a
+row's filler) go after them, to be overwritten. Every other model keeps Hugging Face's forward and
+the fourth way, `RaggedCache`, which such a model runs as it is: one `transformers.DynamicCache` for the
+whole batch, left padding, rejected drafts and the shorter rows' filler hidden columns in it, and
+trailing columns that no row keeps cropped off (`specbook.cache.rollback`). Each call then needs
+what the model's own mask cannot say: every new row sees the visible columns before it and itself,
+and sits at its row's own position -- the number of visible columns before it -- so its rotary or
+learned position is what it would be alone (`specbook.masks`, sliding windows included). A hidden
+row still sees itself, so that no attention row is empty (an empty one would fill the cache with
+NaN, which a zero weight does not cancel). The price is the hidden columns: the keys a call reads
+but masks, counted by `RaggedCache.hidden`.
+
+Both keep, on the host, the map `visible` (B, L): which of the columns fed so far hold a token each
+row kept. `rows_cache` picks the one a model gets.
 """
 
 import torch
 
 from .cache import new_cache, rollback
+from .decoder import decoder_for
 from .masks import attention_inputs
 
 
@@ -51,18 +57,66 @@ def check_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) ->
     return mask
 
 
-class RaggedCache:
-    """``model``'s KV cache for a batch whose rows keep different numbers of positions (module docstring).
+class RowsCache:
+    """A batch's KV cache as the batched engine uses it (module docstring), whatever the forward: ``cache(tokens,
+    new_visible, logits_to_keep=...)`` calls the model on m new columns of every row, ``new_visible`` (B, m)
+    saying which hold the row's tokens; ``forget`` then drops what a row did not keep, ``select`` finished rows.
+    ``visible`` (B, L), on the host: which of the L columns fed so far hold each row's kept tokens."""
+
+    def __init__(self, rows: int):
+        self.visible = torch.zeros(rows, 0, dtype=torch.bool)
+
+    def forget(self, columns: int, keep) -> None:
+        """Of the last ``columns`` columns fed, row b keeps only the first ``keep[b]``; crop the columns no row keeps."""
+        if columns:
+            self.visible[:, -columns:] &= torch.arange(columns)[None] < torch.as_tensor(keep).view(-1, 1)
+        kept = self.visible.any(0).nonzero()  # (n, 1)
+        length = int(kept[-1]) + 1 if len(kept) else 0
+        self._crop(self.visible.shape[1] - length)
+        self.visible = self.visible[:, :length]
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only ``rows`` of the batch (finished rows leave it), then crop the columns no row keeps."""
+        self._select(rows)
+        self.visible = self.visible[rows]
+        self.forget(0, None)
+
+
+class SlotRowsCache(RowsCache):
+    """A batch's cache for a model the package's decoder runs: a write offset per row (module docstring)."""
+
+    def __init__(self, decoder, rows: int, max_length: int):
+        super().__init__(rows)
+        self.decoder, self.cache = decoder, decoder.new_rows(rows, max_length)
+
+    def __call__(self, tokens: torch.Tensor, new_visible: torch.Tensor, **options):
+        self.visible = torch.cat([self.visible, new_visible.cpu()], 1)  # (B, L + m)
+        self.cache.arrange(new_visible)
+        return self.decoder(tokens, past_key_values=self.cache, **options)
+
+    def _crop(self, columns: int) -> None:  # no columns to crop: each row's length is the tokens it kept
+        self.cache.lengths = self.visible.sum(1).tolist()
+
+    def _select(self, rows: list[int]) -> None:
+        self.cache.select(rows)
+
+
+class RaggedCache(RowsCache):
+    """``model``'s KV cache for a batch whose rows keep different numbers of positions, hidden columns in one
+    `transformers.DynamicCache` (module docstring), for Hugging Face's forward.
 
     ``visible`` (B, L): which cache columns hold each row's tokens. A call goes ``model(tokens,
-    **cache.inputs(new_visible))``, then ``cache.forget(...)`` hides what the call fed but a row did
-    not keep.
+    **cache.inputs(new_visible))`` (or ``cache(tokens, new_visible)``), then ``cache.forget(...)`` hides what the
+    call fed but a row did not keep.
     """
 
     def __init__(self, model, rows: int):
-        self.cache = new_cache(model)  # refuses layers that cannot be rolled back
+        super().__init__(rows)  # (B, L), on the host: masks are built there
+        self.model, self.cache = model, new_cache(model)  # refuses layers that cannot be rolled back
         self.config, self.dtype, self.device = model.config, model.dtype, model.device
-        self.visible = torch.zeros(rows, 0, dtype=torch.bool)  # (B, L), on the host: masks are built there
+
+    def __call__(self, tokens: torch.Tensor, new_visible: torch.Tensor, **options):
+        return self.model(tokens, **self.inputs(new_visible), **options)
 
     def inputs(self, new_visible: torch.Tensor) -> dict:
         """The keyword arguments of a call that feeds m new columns, ``new_visible`` (B, m) saying which of
@@ -79,22 +133,21 @@ class RaggedCache:
                     **attention_inputs(sees, key_positions[:, past:].clamp(min=0), key_positions, self.dtype,
                                        self.device, self.config))
 
-    def forget(self, columns: int, keep) -> None:
-        """Of the last ``columns`` columns fed, row b keeps only the first ``keep[b]``; crop the columns no row keeps."""
-        if columns:
-            self.visible[:, -columns:] &= torch.arange(columns)[None] < torch.as_tensor(keep).view(-1, 1)
-        kept = self.visible.any(0).nonzero()  # (n, 1)
-        length = int(kept[-1]) + 1 if len(kept) else 0
-        rollback(self.cache, self.visible.shape[1] - length)
-        self.visible = self.visible[:, :length]
+    def _crop(self, columns: int) -> None:
+        rollback(self.cache, columns)
 
-    def select(self, rows: list[int]) -> None:
-        """Keep only ``rows`` of the batch (finished rows leave it), then crop the columns no row keeps."""
+    def _select(self, rows: list[int]) -> None:
         self.cache.batch_select_indices(torch.tensor(rows, dtype=torch.long, device=self.device))
-        self.visible = self.visible[rows]
-        self.forget(0, None)
 
     @property
     def hidden(self) -> float:
         """The share of the cache's columns that hold no token of their row: what a call reads and masks."""
         return 1 - self.visible.float().mean().item() if self.visible.numel() else 0.0
+
+
+def rows_cache(model, rows: int, max_length: int) -> RowsCache:
+    """A new cache for a batch of ``rows`` sequences of ``model`` with room for ``max_length`` tokens each (it
+    grows): a write offset per row over the package's decoder where it serves the model, else Hugging Face's
+    forward over hidden columns (`specbook.decoder.forward_name` says which, and why)."""
+    decoder = decoder_for(model)
+    return RaggedCache(model, rows) if decoder is None else SlotRowsCache(decoder, rows, max_length)

@@ -18,7 +18,7 @@ import copy
 
 import torch
 
-from ..ragged import RaggedCache
+from ..ragged import rows_cache
 from ..seq2seq import is_encoder_decoder
 from .model import ModelDrafter
 from .ngram import LookupDrafter
@@ -31,9 +31,9 @@ class ModelRows:
 
     def __init__(self, drafter: ModelDrafter, input_ids: torch.Tensor, visible: torch.Tensor):
         self.model, self.vocab_size, self.calls = drafter.model, drafter.vocab_size, 0
-        self.cache = RaggedCache(self.model, input_ids.shape[0])
+        self.cache = rows_cache(self.model, input_ids.shape[0], 2 * input_ids.shape[1])  # (it grows)
         if input_ids.shape[1] > 1:
-            self.model(input_ids[:, :-1], **self.cache.inputs(visible[:, :-1]), logits_to_keep=1)
+            self.cache(input_ids[:, :-1], visible[:, :-1], logits_to_keep=1)
         self.pending = [[token] for token in input_ids[:, -1].tolist()]  # per row: tokens the cache has not seen
         self.proposed, self.fed = None, None  # this step's drafts (B, K), and how many of each row's are in the cache
 
@@ -44,7 +44,7 @@ class ModelRows:
         inputs, visible = self._pending()
         tokens, probs = [], []
         for i in range(width):
-            logits = self.model(inputs, **self.cache.inputs(visible), logits_to_keep=1).logits[:, -1, : self.vocab_size]
+            logits = self.cache(inputs, visible, logits_to_keep=1).logits[:, -1, : self.vocab_size]
             step_probs = sampler.probs(logits)  # (B, vocab): the warped p, what verification uses
             token = sampler.sample_rows(step_probs, generators, [i < k for k in ks])  # (B,)
             tokens.append(token)
