@@ -213,9 +213,13 @@ def test_the_batch_suite_writes_one_row_per_batch_size_and_method(tmp_path, caps
     results = json.loads(out.read_text())
     rows = results["rows"]
     timed = [(row["batch_size"], row["method"]) for row in rows if row.get("speedup_vs_ar") is not None]
-    assert timed == [(1, "autoregressive"), (1, "hf generate"), (1, "speculative k=1"), (1, "speculative k=2"),
-                     (1, "batch-size policy"), (1, "batch-of-one loop, k=2"), (3, "autoregressive"), (3, "hf generate"),
+    one_at_a_time, batched_loop = "autoregressive, one row at a time", "autoregressive, batched loop"
+    assert timed == [(1, "autoregressive"), (1, one_at_a_time), (1, "hf generate"), (1, batched_loop),
+                     (1, "speculative k=1"), (1, "speculative k=2"), (1, "batch-size policy"),
+                     (1, "batch-of-one loop, k=2"), (3, "autoregressive"), (3, one_at_a_time), (3, "hf generate"),
                      (3, "speculative k=1"), (3, "speculative k=2"), (3, "batch-size policy")]
+    assert results["target_forward"] == results["draft_forward"] == "specbook.decoder"  # batches on the decoder
+    assert results["cpu"] and results["project_commit"] and results["transformers"]  # what recorded it
     assert all(row["same_tokens"] for row in rows if row.get("speedup_vs_ar") is not None)
     assert all({"batch_size", "method", "k", "tokens_per_second", "speedup_vs_ar", "tokens_per_call",
                 "same_tokens"} <= set(row) for row in rows)

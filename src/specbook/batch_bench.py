@@ -2,15 +2,17 @@
 speculation stops paying.
 
 `call_costs` times the calls the batched engine makes: one call of a model on n new positions per row,
-after a context, at each batch size (over a `specbook.ragged.RaggedCache`, as `specbook.batch` calls it).
+after a context, at each batch size (over the cache `specbook.ragged.rows_cache` gives the model, as
+`specbook.batch` calls it: the package's decoder with a write offset per row, where it serves the model).
 Their ratios are chapter 3's costs at batch size B: the draft's cost ratio c_B (a draft call over a
 target call on one position) and the verification ratio v_B(K + 1) (a target call on K + 1 positions
 over one on one), which `specbook.theory.batch_speedup` turns into a predicted speedup and
 `specbook.policies.BatchSizeK.from_costs` into a draft length per batch size.
 
 `batch_suite` then times, at each batch size, on the same left-padded prompts: batched autoregressive
-decoding, Hugging Face's batched ``generate``, batched speculative decoding at each K and with the
-batch-size policy (and, at batch size one, the batch-of-one loop). Rounds are interleaved, a method's time
+decoding, the same prompts decoded one at a time (what batching gains), Hugging Face's batched
+``generate``, batched speculative decoding at each K and with the batch-size policy (and, at batch size
+one, the batch-of-one loop, and the batched engine's own loop on one row, which a batch of one skips). Rounds are interleaved, a method's time
 is its median, and every ratio is taken within the run, with the spread of the rounds beside it; the fastest
 method at each batch size is named with those its spread cannot tell it from. Hugging Face's assisted
 generation refuses batches larger than one; the suite asks it and records its answer.
@@ -27,7 +29,9 @@ import statistics
 import torch
 from tqdm.auto import tqdm
 
+from .batch import generate_batch
 from .bench import INPUT_GROUNDED, OPEN_ENDED, REPETITIVE, _clock, generate_options, machine
+from .decoder import forward_name
 from .decoding import autoregressive_generate, speculative_generate
 from .models import assets_dir, embedding_rows
 from .policies import BatchSizeK, check_integer
@@ -37,6 +41,8 @@ from .spread import fastest, show_spreads, speedup_range, spread_of, tie_text
 from .theory import batch_speedup
 
 COST_ROUNDS = 15  # rounds of call_costs in the batch suite, at least
+ONE_AT_A_TIME = "autoregressive, one row at a time"  # the batch's prompts decoded one after another, alone
+BATCHED_LOOP = "autoregressive, batched loop"  # at one row: the batched engine, not the batch-of-one loop
 
 
 def batch_prompts(count: int) -> list[str]:
@@ -131,7 +137,13 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
         hugging_face = _hugging_face_batch(target, sampler, max_new_tokens)
         methods = {"autoregressive": (0, lambda s: autoregressive_generate(target, ids, max_new_tokens, sampler, s,
                                                                            attention_mask=mask)),
+                   ONE_AT_A_TIME: (0, lambda s: [autoregressive_generate(
+                       target, row[None, shown.bool()], max_new_tokens, sampler, s + b).token_ids
+                       for b, (row, shown) in enumerate(zip(ids, mask))]),
                    "hf generate": (0, lambda s: hugging_face(ids, mask, s))}
+        if batch == 1:  # the batched engine on one row, without the batch-of-one loop a batch of one takes
+            methods[BATCHED_LOOP] = (0, lambda s: generate_batch(target, None, ids, max_new_tokens, 0, sampler, s,
+                                                                 attention_mask=mask))
         for k in ks:
             methods[f"speculative k={k}"] = (k, lambda s, k=k: speculative_generate(
                 target, draft, ids, max_new_tokens, k=k, sampler=sampler, seed=s, attention_mask=mask))
@@ -169,7 +181,8 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
         if batch > 1:
             rows.append({**dict.fromkeys(rows[-1]), "batch_size": batch, "method": "hf assisted",
                          "refused": _assisted_refusal(target, draft, ids, mask)})  # no timing: it refuses
-    return {"machine": machine(), "pair": pair.name, "max_new_tokens": max_new_tokens, "repeats": repeats,
+    return {"machine": machine(), "target_forward": forward_name(target), "draft_forward": forward_name(draft),
+            "pair": pair.name, "max_new_tokens": max_new_tokens, "repeats": repeats,
             "temperature": sampler.temperature, "cost_context": context, "alpha": alpha,
             "alpha_rows": max(batch_sizes), "alpha_k": max(ks), "policy": policy.k_by_batch,
             "costs": {b: {"verify_ms": [1000 * t for t in verify[b]], "draft_ms": 1000 * drafting[b][0],
@@ -215,6 +228,12 @@ def report(results: dict) -> str:
         ratios = ", ".join(f"{r:.2f}" for r in cost["verify_ratio"])
         lines.append(f"batch {batch}: a target call on 1..{len(cost['verify_ratio'])} positions per row costs "
                      f"{ratios} x one ({cost['verify_ms'][0]:.1f} ms); c = {cost['cost_ratio']:.3f}")
+    batching = {row["batch_size"]: row["tokens_per_second"] for row in results["rows"] if row["method"] == ONE_AT_A_TIME}
+    plain = [row for row in results["rows"] if row["method"] == "autoregressive" and row["batch_size"] in batching]
+    if plain:
+        lines.append("batched autoregressive decoding, tokens per second over the same rows decoded one at a time: " +
+                     ", ".join(f"{row['tokens_per_second'] / batching[row['batch_size']]:.2f}x at {row['batch_size']}"
+                               for row in plain))
     refusals = {row["refused"] for row in results["rows"] if row.get("refused")}
     over = (f" (accepted over tested, {results['alpha_rows']} rows, K = {results['alpha_k']})"
             if "alpha_rows" in results else "")

@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,6 +269,30 @@ def machine() -> str:
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
     return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} CPU threads"
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as Linux's /proc/cpuinfo gives it (else what the platform says): CPUs of one
+    architecture differ by several times in what a small model's call costs."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def project_commit() -> str | None:
+    """The commit of the package's source, with "+" where the source differs from it (uncommitted changes under
+    ``src``); None outside a clone (an installed wheel)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        run = [subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True).stdout
+               for args in (["rev-parse", "HEAD"], ["status", "--porcelain", "--", "src"])]
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return run[0].strip() + ("+" if run[1].strip() else "")
 
 
 @torch.inference_mode()

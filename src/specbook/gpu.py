@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from .bench import (_clock, autoregressive, decode_latency, hugging_face_assisted, machine, measure_alpha, run_benchmark,
-                    speculative, with_hugging_face_forward)
+from .bench import (_clock, autoregressive, cpu_model, decode_latency, hugging_face_assisted, machine, measure_alpha,
+                    project_commit, run_benchmark, speculative, with_hugging_face_forward)
 from .decoder import forward_name
 from .profile import copy_bandwidth, host_profile
 from .sampling import Sampler
@@ -138,8 +138,9 @@ def environment() -> dict:
     """The device, its driver and the library versions, for a results file."""
     import transformers
 
-    found = {"device": machine(), "driver": None, "cuda": torch.version.cuda, "torch": torch.__version__,
-             "transformers": transformers.__version__, "python": platform.python_version()}
+    found = {"device": machine(), "cpu": cpu_model(), "project_commit": project_commit(), "driver": None,
+             "cuda": torch.version.cuda, "torch": torch.__version__, "transformers": transformers.__version__,
+             "python": platform.python_version()}
     if torch.cuda.is_available():
         try:
             found["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -150,5 +151,7 @@ def environment() -> dict:
 
 
 def write_results(results: dict, path) -> None:
+    """``results`` as JSON at ``path``, with the machine, the CPU, the project's commit and the library versions
+    that made them (`environment`) where the results do not say already."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(results, indent=1) + "\n")
+    Path(path).write_text(json.dumps({**environment(), **results}, indent=1) + "\n")
