@@ -225,7 +225,8 @@ def test_the_batch_suite_writes_one_row_per_batch_size_and_method(tmp_path, caps
                 "same_tokens"} <= set(row) for row in rows)
     assert [row["refused"] for row in rows if row["method"] == "hf assisted"] == [
         "assisted generate is only supported for batch_size = 1"]
-    assert set(results["costs"]) == {"1", "3"} and results["policy"]["1"] in (0, 1, 2)
+    assert set(results["costs"]) == set(results["hugging_face_costs"]) == {"1", "3"} and results["policy"]["1"] in (0, 1, 2)
+    assert results["crossover"]["predicted_hugging_face"] in (None, 1, 3)
     for row in rows:  # every timed row carries the spread of its rounds, in order
         if row.get("speedup_vs_ar") is not None:
             assert row["seconds_min"] <= row["seconds"] <= row["seconds_max"]

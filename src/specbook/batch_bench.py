@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from .batch import generate_batch
 from .bench import INPUT_GROUNDED, OPEN_ENDED, REPETITIVE, _clock, generate_options, machine
-from .decoder import forward_name
+from .decoder import forward_name, hugging_face_forward
 from .decoding import autoregressive_generate, speculative_generate
 from .models import assets_dir, embedding_rows
 from .policies import BatchSizeK, check_integer
@@ -79,6 +79,23 @@ def call_costs(model, batch_sizes, positions, context: int = 64, repeats: int = 
     return costs
 
 
+def forward_costs(target, draft, batch_sizes, k: int, context: int, rounds: int) -> dict:
+    """Per batch size, with `call_costs`: the target's call on 1 .. k + 1 positions per row (``verify_ms``), the
+    draft's on one (``draft_ms``), and their ratios, c_B (``cost_ratio``) and v_B(n) (``verify_ratio``)."""
+    verify = call_costs(target, batch_sizes, range(1, k + 2), context, rounds)
+    drafting = call_costs(draft, batch_sizes, [1], context, rounds)
+    return {b: {"verify_ms": [1000 * t for t in verify[b]], "draft_ms": 1000 * drafting[b][0],
+                "cost_ratio": drafting[b][0] / verify[b][0], "verify_ratio": [t / verify[b][0] for t in verify[b]]}
+            for b in batch_sizes}
+
+
+def predicted_crossover(alpha: float, costs: dict, k: int) -> int | None:
+    """The smallest batch size of ``costs`` (`forward_costs`) where `specbook.theory.batch_speedup` at ``k`` falls
+    below 1; None where it stays above at every one."""
+    return next((b for b, cost in sorted(costs.items()) if batch_speedup(alpha, k, cost["cost_ratio"],
+                                                                         cost["verify_ratio"][k]) < 1), None)
+
+
 def _hugging_face_batch(target, sampler, max_new_tokens):
     options = dict(generate_options(target, sampler, max_new_tokens), min_new_tokens=max_new_tokens)
 
@@ -122,10 +139,11 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
     prompts = pair.encode_batch(batch_prompts(max(batch_sizes)))[1]
     context = round(float(prompts.sum(1).float().mean())) + max_new_tokens // 2  # a row's context, half-way through
     rounds = max(repeats, COST_ROUNDS)  # a call is short: many rounds steady its median
-    verify = call_costs(target, batch_sizes, range(1, max(ks) + 2), context, rounds)
-    drafting = call_costs(draft, batch_sizes, [1], context, rounds)
-    cost_ratio = {b: drafting[b][0] / verify[b][0] for b in batch_sizes}
-    verify_ratio = {b: [t / verify[b][0] for t in verify[b]] for b in batch_sizes}
+    costs = forward_costs(target, draft, batch_sizes, max(ks), context, rounds)
+    with hugging_face_forward():  # the same calls on the forward the batch ran on before the decoder served it
+        hugging_face_costs = forward_costs(target, draft, batch_sizes, max(ks), context, rounds)
+    cost_ratio = {b: costs[b]["cost_ratio"] for b in batch_sizes}
+    verify_ratio = {b: costs[b]["verify_ratio"] for b in batch_sizes}
     ids, mask = pair.encode_batch(batch_prompts(max(batch_sizes)))  # every row the suite decodes
     probe = speculative_generate(target, draft, ids, max_new_tokens, k=max(ks), sampler=sampler, seed=seed,
                                  attention_mask=mask)  # alpha, for the formula and the policy
@@ -185,9 +203,9 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
             "pair": pair.name, "max_new_tokens": max_new_tokens, "repeats": repeats,
             "temperature": sampler.temperature, "cost_context": context, "alpha": alpha,
             "alpha_rows": max(batch_sizes), "alpha_k": max(ks), "policy": policy.k_by_batch,
-            "costs": {b: {"verify_ms": [1000 * t for t in verify[b]], "draft_ms": 1000 * drafting[b][0],
-                          "cost_ratio": cost_ratio[b], "verify_ratio": verify_ratio[b]} for b in batch_sizes},
-            "crossover": crossover(rows, 4), "fastest": ranked, "rows": rows}
+            "costs": costs, "hugging_face_costs": hugging_face_costs,
+            "crossover": {**crossover(rows, 4), "predicted_hugging_face": predicted_crossover(alpha, hugging_face_costs, 4)},
+            "fastest": ranked, "rows": rows}
 
 
 def _per_row(output) -> tuple[list[list[int]], list]:
@@ -224,10 +242,11 @@ def report(results: dict) -> str:
              f"speedup over batched autoregressive decoding, the median round (the lowest and highest round's); "
              f"{results['machine']}, {results['max_new_tokens']} new tokens per row, {results['repeats']} repeats, "
              f"temperature {results['temperature']}"]
-    for batch, cost in results["costs"].items():
-        ratios = ", ".join(f"{r:.2f}" for r in cost["verify_ratio"])
-        lines.append(f"batch {batch}: a target call on 1..{len(cost['verify_ratio'])} positions per row costs "
-                     f"{ratios} x one ({cost['verify_ms'][0]:.1f} ms); c = {cost['cost_ratio']:.3f}")
+    for forward, key in (("", "costs"), ("Hugging Face's forward, ", "hugging_face_costs")):
+        for batch, cost in results.get(key, {}).items():
+            ratios = ", ".join(f"{r:.2f}" for r in cost["verify_ratio"])
+            lines.append(f"{forward}batch {batch}: a target call on 1..{len(cost['verify_ratio'])} positions per row "
+                         f"costs {ratios} x one ({cost['verify_ms'][0]:.1f} ms); c = {cost['cost_ratio']:.3f}")
     batching = {row["batch_size"]: row["tokens_per_second"] for row in results["rows"] if row["method"] == ONE_AT_A_TIME}
     plain = [row for row in results["rows"] if row["method"] == "autoregressive" and row["batch_size"] in batching]
     if plain:
@@ -239,7 +258,8 @@ def report(results: dict) -> str:
             if "alpha_rows" in results else "")
     lines += [f"alpha = {results['alpha']:.3f}{over}; batch-size policy {results['policy']}; K = 4 stops paying "
               f"at batch size {crossing['measured']} (measured), {crossing.get('measured_every_round', '-')} (in every "
-              f"round), {crossing['predicted']} (predicted)",
+              f"round), {crossing['predicted']} (predicted; {crossing.get('predicted_hugging_face', '-')} from the "
+              "costs of Hugging Face's forward)",
               *(f"hf assisted at batch size > 1: {refusal}" for refusal in refusals)]
     for batch, ranked in results.get("fastest", {}).items():
         rows = {row["method"]: row for row in results["rows"] if str(row["batch_size"]) == str(batch)
