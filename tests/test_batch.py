@@ -354,7 +354,7 @@ def test_a_batch_of_one_keeps_its_api(pair):
 
 
 def test_call_costs_and_the_crossover(pair):
-    from specbook.batch_bench import batch_prompts, call_costs, crossover
+    from specbook.batch_bench import batch_prompts, call_costs, crossover, predicted_crossover
     target, _ = pair
     costs = call_costs(target, [1, 3], [1, 3], context=8, repeats=1)
     assert set(costs) == {1, 3} and all(len(times) == 2 and min(times) > 0 for times in costs.values())
@@ -364,6 +364,8 @@ def test_call_costs_and_the_crossover(pair):
     for row, high in zip(rows, (1.7, 1.05, 0.9)):  # at 8 rows one round still paid
         row["speedup_vs_ar_max"] = high
     assert crossover(rows, 4) == {"measured": 8, "measured_every_round": 16, "predicted": 16}
+    costs = {1: {"cost_ratio": 0.1, "verify_ratio": [1, 1.1, 1.2]}, 8: {"cost_ratio": 0.1, "verify_ratio": [1, 2, 3]}}
+    assert predicted_crossover(0.8, costs, 2) == 8 and predicted_crossover(0.8, costs, 4) is None  # 3 positions only
     assert len(set(batch_prompts(32))) == 32
     with pytest.raises(ValueError, match="count must be at most"):
         batch_prompts(1000)

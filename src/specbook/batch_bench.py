@@ -91,9 +91,9 @@ def forward_costs(target, draft, batch_sizes, k: int, context: int, rounds: int)
 
 def predicted_crossover(alpha: float, costs: dict, k: int) -> int | None:
     """The smallest batch size of ``costs`` (`forward_costs`) where `specbook.theory.batch_speedup` at ``k`` falls
-    below 1; None where it stays above at every one."""
-    return next((b for b, cost in sorted(costs.items()) if batch_speedup(alpha, k, cost["cost_ratio"],
-                                                                         cost["verify_ratio"][k]) < 1), None)
+    below 1; None where it stays above at every one, or the costs stop short of k + 1 positions."""
+    return next((b for b, cost in sorted(costs.items()) if k < len(cost["verify_ratio"]) and batch_speedup(
+        alpha, k, cost["cost_ratio"], cost["verify_ratio"][k]) < 1), None)
 
 
 def _hugging_face_batch(target, sampler, max_new_tokens):
