@@ -271,6 +271,16 @@ def test_batch_size_policy_from_costs():
         BatchSizeK.from_costs(0.8, {1: 0.1}, {1: [1, 1]}, min_speedup=0.5)
 
 
+def test_batch_size_policy_from_speedups():
+    """Each batch size's fastest K among those that beat autoregressive decoding in every round, else K = 0."""
+    policy = BatchSizeK.from_speedups({2: {1: (1.3, 1.1), 2: (1.5, 1.2), 4: (1.6, 0.9)}, 8: {1: (1.1, 0.95)}})
+    assert policy.k_by_batch == {1: 2, 2: 2, 8: 0}  # K = 4's fastest median had a losing round
+    assert BatchSizeK.from_speedups({1: {2: (1.3, 1.1)}}, min_speedup=1.2).k_by_batch == {1: 0}
+    for speedups, match in (({}, "speedups must be a non-empty dict"), ({0: {1: (1, 1)}}, "batch sizes must be")):
+        with pytest.raises(ValueError, match=match):
+            BatchSizeK.from_speedups(speedups)
+
+
 def test_a_policy_from_costs_measured_from_a_larger_batch_covers_one_row():
     """Measured at 4 and 32 rows only (``--batch-sizes 4,32``): below 4 rows the policy drafts 4 rows' K."""
     policy = BatchSizeK.from_costs(0.8, {4: 0.1, 32: 0.1}, {4: [1, 1.05, 1.1, 1.15, 1.2], 32: [1, 2, 3, 4, 5]})

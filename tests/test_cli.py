@@ -217,7 +217,9 @@ def test_the_batch_suite_writes_one_row_per_batch_size_and_method(tmp_path, caps
     assert timed == [(1, "autoregressive"), (1, one_at_a_time), (1, "hf generate"), (1, batched_loop),
                      (1, "speculative k=1"), (1, "speculative k=2"), (1, "batch-size policy"),
                      (1, "batch-of-one loop, k=2"), (3, "autoregressive"), (3, one_at_a_time), (3, "hf generate"),
-                     (3, "speculative k=1"), (3, "speculative k=2"), (3, "batch-size policy")]
+                     (3, "speculative k=1"), (3, "speculative k=2"), (3, "batch-size policy"), (1, "measured policy"),
+                     (3, "measured policy")]
+    assert set(results["measured_policy"]) == {"1", "3"}
     assert results["target_forward"] == results["draft_forward"] == "specbook.decoder"  # batches on the decoder
     assert results["cpu"] and results["project_commit"] and results["transformers"]  # what recorded it
     assert all(row["same_tokens"] for row in rows if row.get("speedup_vs_ar") is not None)

@@ -11,11 +11,14 @@ over one on one), which `specbook.theory.batch_speedup` turns into a predicted s
 
 `batch_suite` then times, at each batch size, on the same left-padded prompts: batched autoregressive
 decoding, the same prompts decoded one at a time (what batching gains), Hugging Face's batched
-``generate``, batched speculative decoding at each K and with the batch-size policy (and, at batch size
-one, the batch-of-one loop, and the batched engine's own loop on one row, which a batch of one skips). Rounds are interleaved, a method's time
-is its median, and every ratio is taken within the run, with the spread of the rounds beside it; the fastest
-method at each batch size is named with those its spread cannot tell it from. Hugging Face's assisted
-generation refuses batches larger than one; the suite asks it and records its answer.
+``generate``, batched speculative decoding at each K and with the batch-size policy of the formula (and, at
+batch size one, the batch-of-one loop, and the batched engine's own loop on one row, which a batch of one
+skips). Rounds are interleaved, a method's time is its median, and every ratio is taken within the run, with
+the spread of the rounds beside it; the fastest method at each batch size is named with those its spread cannot
+tell it from. Hugging Face's assisted generation refuses batches larger than one; the suite asks it and records
+its answer. Last, the policy of the measurement (`BatchSizeK.from_speedups`: each batch size's fastest K where
+it beat autoregressive decoding in every round, else none) is timed at each batch size beside autoregressive
+decoding again.
 
 At batch size one every speculative row -- each K, the policy, the batch-of-one loop -- runs the same code:
 a (1, T) batch decodes through the batch-of-one loop on its unpadded prompt (`specbook.batch.generate_batch`),
@@ -43,6 +46,7 @@ from .theory import batch_speedup
 COST_ROUNDS = 15  # rounds of call_costs in the batch suite, at least
 ONE_AT_A_TIME = "autoregressive, one row at a time"  # the batch's prompts decoded one after another, alone
 BATCHED_LOOP = "autoregressive, batched loop"  # at one row: the batched engine, not the batch-of-one loop
+MEASURED_POLICY = "measured policy"  # BatchSizeK.from_speedups on the suite's own fixed-K rows
 
 
 def batch_prompts(count: int) -> list[str]:
@@ -149,6 +153,10 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
                                  attention_mask=mask)  # alpha, for the formula and the policy
     alpha = acceptance_rate([step for row in probe for step in row.steps])  # accepted over tested, all rows
     policy = BatchSizeK.from_costs(alpha, cost_ratio, verify_ratio)
+
+    def predicted(batch):  # chapter 3's speedup at K with this batch size's measured costs
+        return lambda k: batch_speedup(alpha, k, cost_ratio[batch], verify_ratio[batch][k]) if k else 1.0
+
     rows, ranked = [], {}
     for batch in tqdm(batch_sizes, desc="batch sizes", disable=not progress):
         ids, mask = pair.encode_batch(batch_prompts(batch))
@@ -170,28 +178,7 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
         if batch == 1:  # the loop a (1, T) prompt without a mask takes: a batch of one runs it too
             methods[f"batch-of-one loop, k={max(ks)}"] = (max(ks), lambda s: speculative_generate(
                 target, draft, ids, max_new_tokens, k=max(ks), sampler=sampler, seed=s))
-        times, outputs = {name: [] for name in methods}, {}
-        for _, run in methods.values():
-            run(seed)  # untimed: lazy initialisation
-        for _ in range(repeats):
-            for name, (_, run) in methods.items():
-                started = _clock()
-                outputs[name] = _per_row(run(seed))
-                times[name].append(_clock() - started)
-        baseline = statistics.median(times["autoregressive"])
-        timed = []
-        for name, (k, _) in methods.items():
-            (token_ids, generations), seconds = outputs[name], statistics.median(times[name])
-            alphas = [g.stats.acceptance_rate for g in generations if k and g.stats.acceptance_rate >= 0]
-            low, high = speedup_range(times["autoregressive"], times[name], baseline / seconds)
-            timed.append({"batch_size": batch, "method": name, "k": k,
-                          "tokens_per_second": sum(map(len, token_ids)) / seconds, "speedup_vs_ar": baseline / seconds,
-                          "speedup_vs_ar_min": low, "speedup_vs_ar_max": high,
-                          "tokens_per_call": statistics.fmean([g.stats.tokens_per_step for g in generations]) if k
-                          else 1.0, "acceptance_rate": statistics.fmean(alphas) if alphas else None,
-                          "predicted_speedup": batch_speedup(alpha, k, cost_ratio[batch], verify_ratio[batch][k])
-                          if k else 1.0, "same_tokens": token_ids == outputs["autoregressive"][0], "seconds": seconds,
-                          "seconds_min": min(times[name]), "seconds_max": max(times[name])})
+        timed = _timed(batch, methods, repeats, seed, predicted(batch))
         best, tied, distinguishable = fastest(timed, "speedup_vs_ar", repeats)
         ranked[batch] = {"method": best["method"], "tied": [row["method"] for row in tied],
                          "distinguishable": distinguishable}
@@ -199,13 +186,55 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
         if batch > 1:
             rows.append({**dict.fromkeys(rows[-1]), "batch_size": batch, "method": "hf assisted",
                          "refused": _assisted_refusal(target, draft, ids, mask)})  # no timing: it refuses
+    # the measured policy: each batch size's K from the speedups just measured, timed again beside autoregressive
+    # decoding (its rows finish at different times, so it also drafts at the smaller batch sizes' K)
+    measured = BatchSizeK.from_speedups({batch: {row["k"]: (row["speedup_vs_ar"], row["speedup_vs_ar_min"])
+                                                 for row in rows if row["batch_size"] == batch
+                                                 and row["method"].startswith("speculative k=")}
+                                         for batch in batch_sizes})
+    for batch in tqdm(batch_sizes, desc="measured policy", disable=not progress):
+        ids, mask = pair.encode_batch(batch_prompts(batch))
+        methods = {"autoregressive": (0, lambda s: autoregressive_generate(target, ids, max_new_tokens, sampler, s,
+                                                                           attention_mask=mask)),
+                   MEASURED_POLICY: (measured.k_for(batch), lambda s: speculative_generate(
+                       target, draft, ids, max_new_tokens, k=measured, sampler=sampler, seed=s, attention_mask=mask))}
+        rows += _timed(batch, methods, repeats, seed, predicted(batch))[1:]  # the policy's row
     return {"machine": machine(), "target_forward": forward_name(target), "draft_forward": forward_name(draft),
             "pair": pair.name, "max_new_tokens": max_new_tokens, "repeats": repeats,
             "temperature": sampler.temperature, "cost_context": context, "alpha": alpha,
             "alpha_rows": max(batch_sizes), "alpha_k": max(ks), "policy": policy.k_by_batch,
+            "measured_policy": measured.k_by_batch,
             "costs": costs, "hugging_face_costs": hugging_face_costs,
             "crossover": {**crossover(rows, 4), "predicted_hugging_face": predicted_crossover(alpha, hugging_face_costs, 4)},
             "fastest": ranked, "rows": rows}
+
+
+def _timed(batch: int, methods: dict, repeats: int, seed: int, predicted) -> list[dict]:
+    """``methods`` ({name: (K, run(seed))}, autoregressive decoding first) timed in ``repeats`` interleaved rounds
+    after an untimed one: a row each, its speedup over autoregressive decoding with the spread of the rounds, and
+    the speedup ``predicted(K)`` gives."""
+    times, outputs = {name: [] for name in methods}, {}
+    for _, run in methods.values():
+        run(seed)  # untimed: lazy initialisation
+    for _ in range(repeats):
+        for name, (_, run) in methods.items():
+            started = _clock()
+            outputs[name] = _per_row(run(seed))
+            times[name].append(_clock() - started)
+    baseline = statistics.median(times["autoregressive"])
+    timed = []
+    for name, (k, _) in methods.items():
+        (token_ids, generations), seconds = outputs[name], statistics.median(times[name])
+        alphas = [g.stats.acceptance_rate for g in generations if k and g.stats.acceptance_rate >= 0]
+        low, high = speedup_range(times["autoregressive"], times[name], baseline / seconds)
+        timed.append({"batch_size": batch, "method": name, "k": k,
+                      "tokens_per_second": sum(map(len, token_ids)) / seconds, "speedup_vs_ar": baseline / seconds,
+                      "speedup_vs_ar_min": low, "speedup_vs_ar_max": high,
+                      "tokens_per_call": statistics.fmean([g.stats.tokens_per_step for g in generations]) if k
+                      else 1.0, "acceptance_rate": statistics.fmean(alphas) if alphas else None,
+                      "predicted_speedup": predicted(k), "same_tokens": token_ids == outputs["autoregressive"][0],
+                      "seconds": seconds, "seconds_min": min(times[name]), "seconds_max": max(times[name])})
+    return timed
 
 
 def _per_row(output) -> tuple[list[list[int]], list]:
@@ -256,7 +285,8 @@ def report(results: dict) -> str:
     refusals = {row["refused"] for row in results["rows"] if row.get("refused")}
     over = (f" (accepted over tested, {results['alpha_rows']} rows, K = {results['alpha_k']})"
             if "alpha_rows" in results else "")
-    lines += [f"alpha = {results['alpha']:.3f}{over}; batch-size policy {results['policy']}; K = 4 stops paying "
+    lines += [f"alpha = {results['alpha']:.3f}{over}; batch-size policy {results['policy']} (from the costs), "
+              f"{results.get('measured_policy', '-')} (from the fixed K's speedups); K = 4 stops paying "
               f"at batch size {crossing['measured']} (measured), {crossing.get('measured_every_round', '-')} (in every "
               f"round), {crossing['predicted']} (predicted; {crossing.get('predicted_hugging_face', '-')} from the "
               "costs of Hugging Face's forward)",
@@ -268,6 +298,9 @@ def report(results: dict) -> str:
         standing = ("is the fastest" if policy is best else "is within the fastest's spread" if policy["method"]
                     in ranked["tied"] else "is below the fastest's spread")
         tied = tie_text(ranked["tied"], ranked["distinguishable"])
+        measured = (f"; the measured policy (K = {rows[MEASURED_POLICY]['k']}), "
+                    f"{spread_of(rows[MEASURED_POLICY], 'speedup_vs_ar')}" if MEASURED_POLICY in rows else "")
         lines.append(f"batch {batch}: fastest {best['method']}, {spread_of(best, 'speedup_vs_ar')}, {tied}; the "
-                     f"batch-size policy (K = {policy['k']}), {spread_of(policy, 'speedup_vs_ar')}, {standing}")
+                     f"batch-size policy (K = {policy['k']}), {spread_of(policy, 'speedup_vs_ar')}, {standing}"
+                     f"{measured}")
     return "\n".join(lines)

@@ -266,6 +266,29 @@ class BatchSizeK(DraftLength):
             table[1] = table[min(table)]
         return cls(table)
 
+    @classmethod
+    def from_speedups(cls, speedups: dict[int, dict[int, tuple[float, float]]], min_speedup: float = 1.0):
+        """The K that measured fastest at each batch size, or 0 where none was faster than autoregressive decoding
+        in every round. ``speedups[B][K]``: (median, lowest) of the per-round speedups of a fixed K over batched
+        autoregressive decoding at batch size B (the batch suite's rows, `specbook.batch_bench`); a K counts only
+        where its lowest round reaches ``min_speedup``.
+
+        Where `from_costs` trusts the formula, this trusts the measurement: what a server tuned on its own
+        hardware does. Below the smallest measured batch size it drafts that one's K, as `from_costs` does."""
+        if not isinstance(min_speedup, (int, float)) or isinstance(min_speedup, bool) or not min_speedup >= 1:
+            raise ValueError(f"min_speedup must be a number >= 1 (got {min_speedup!r})")
+        if not isinstance(speedups, dict) or not speedups:
+            raise ValueError(f"speedups must be a non-empty dict from batch sizes to {{K: (median, lowest)}} "
+                             f"(got {speedups!r})")
+        table = {}
+        for batch, by_k in speedups.items():
+            check_integer("speedups' batch sizes", batch, 1)
+            paying = {k: median for k, (median, lowest) in by_k.items() if lowest >= min_speedup}
+            table[batch] = max(paying, key=paying.get) if paying else 0
+        if 1 not in table:
+            table[1] = table[min(table)]
+        return cls(table)
+
     def observe_batch(self, rows: int) -> None:
         self.rows = rows
 
