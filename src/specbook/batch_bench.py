@@ -205,7 +205,8 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
             "alpha_rows": max(batch_sizes), "alpha_k": max(ks), "policy": policy.k_by_batch,
             "measured_policy": measured.k_by_batch,
             "costs": costs, "hugging_face_costs": hugging_face_costs,
-            "crossover": {**crossover(rows, 4), "predicted_hugging_face": predicted_crossover(alpha, hugging_face_costs, 4)},
+            "crossover": {**crossover(rows, 4),
+                          "predicted_hugging_face": predicted_crossover(alpha, hugging_face_costs, 4)},
             "fastest": ranked, "rows": rows}
 
 
@@ -276,7 +277,8 @@ def report(results: dict) -> str:
             ratios = ", ".join(f"{r:.2f}" for r in cost["verify_ratio"])
             lines.append(f"{forward}batch {batch}: a target call on 1..{len(cost['verify_ratio'])} positions per row "
                          f"costs {ratios} x one ({cost['verify_ms'][0]:.1f} ms); c = {cost['cost_ratio']:.3f}")
-    batching = {row["batch_size"]: row["tokens_per_second"] for row in results["rows"] if row["method"] == ONE_AT_A_TIME}
+    batching = {row["batch_size"]: row["tokens_per_second"] for row in results["rows"]
+                if row["method"] == ONE_AT_A_TIME}
     plain = [row for row in results["rows"] if row["method"] == "autoregressive" and row["batch_size"] in batching]
     if plain:
         lines.append("batched autoregressive decoding, tokens per second over the same rows decoded one at a time: " +
