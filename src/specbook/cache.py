@@ -293,7 +293,7 @@ class SlotRows(SlotCache):
                              f"{tuple(visible.shape)})")
         lengths = torch.tensor(self.lengths)  # (rows,)
         if visible is None or bool(visible.all()):
-            order, tokens = self.steps[:n].cpu(), torch.full_like(lengths, n)
+            order, tokens = torch.arange(n), torch.full_like(lengths, n)
         else:
             visible = visible.cpu()
             tokens = visible.sum(1)  # (rows,)
