@@ -16,9 +16,8 @@ from scipy.stats import chisquare
 from specbook import (BatchSizeK, EntropyGuidedK, HeuristicK, MedusaDrafter, MedusaHeads, NGramDrafter,
                       PromptLookupDrafter, Sampler, TopKTreeDrafter, autoregressive_generate, speculative_generate)
 from specbook import batch as batch_module
-from specbook.cache import SlotRows
 from specbook.decoder import serves
-from specbook.ragged import RaggedCache, SlotRowsCache, check_batch, rows_cache
+from specbook.ragged import RaggedCache, SlotRows, SlotRowsCache, check_batch, rows_cache
 
 from families import FAMILIES, VOCAB, hf_greedy, tiny_family_model
 from support import NEW_TOKENS, SAMPLERS, sequence_distribution, tiny_model

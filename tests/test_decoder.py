@@ -13,6 +13,7 @@ from specbook.decoder import Decoder, decoder_for, forward_name, serves
 from specbook.drafters import LookaheadDrafter, ModelDrafter, OuroborosDrafter, TopKTreeDrafter
 from specbook.kernels import count_kernels
 from specbook.packed import pack_linears
+from specbook.ragged import rows_cache
 from specbook.trees import DynamicTree, tree_forward
 from support import cached_layers
 
@@ -76,7 +77,7 @@ def test_a_batchs_rows_are_their_own_sequences(family, make):
     sequences = torch.randint(0, 90, (3, 40), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         expected = model(sequences).logits  # (3, 40, vocab): each row alone, the causal mask
-        cache, rows, at = decoder_for(model).new_rows(3, 8), [0, 1, 2], [0, 0, 0]  # (it grows)
+        cache, rows, at = rows_cache(model, 3, 8).cache, [0, 1, 2], [0, 0, 0]  # a SlotRows (it grows)
         for call in BATCH_CALLS:
             if call == "select":
                 rows = [rows[2], rows[0]]
@@ -101,7 +102,7 @@ def test_a_batchs_rows_are_their_own_sequences(family, make):
 
 def test_a_batchs_cache_refuses_what_it_cannot_hold():
     model = tiny_family_model("llama")
-    cache = decoder_for(model).new_rows(2, 8)
+    cache = rows_cache(model, 2, 8).cache
     with pytest.raises(ValueError, match="this cache holds 2 row\\(s\\)"):
         decoder_for(model)(torch.zeros(3, 1, dtype=torch.long), past_key_values=cache)
     cache.arrange(torch.ones(2, 3, dtype=torch.bool))

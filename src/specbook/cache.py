@@ -108,7 +108,7 @@ class SlotCache:
     positions differ from their indices (`specbook.decoder.Decoder` is then given the positions and mask).
     """
 
-    rows = 1  # sequences: one (`SlotRows` holds a batch)
+    rows = 1  # sequences: one (`specbook.ragged.SlotRows` holds a batch)
 
     def __init__(self, layers, kv_heads, head_dim, max_length, windows, dtype, device, static=False):
         if not isinstance(max_length, int) or max_length < 1:
@@ -244,118 +244,6 @@ class SlotCache:
         source, target = base + rows, base + self.steps[: len(rows)]  # (m,), (m,)
         self.kv.index_copy_(2, target, self.kv.index_select(2, source))  # (layers, 2 KV, max_length, d)
         self.rollback(fed - count)
-
-
-class SlotRows(SlotCache):
-    """A `SlotCache` for a batch of ``rows`` sequences that grow at different speeds: row r's tokens fill its own
-    slots 0 .. lengths[r] - 1, each at the position of its slot, so that a row's rotary positions and sliding
-    windows are what they would be alone, and what a row rejected is overwritten by its next call. This is a
-    write offset per row (chapter 7's third way; paged servers keep a length per sequence beside its blocks):
-    no copy after a step and no holes in the cache, at the price of a mask per call, since rows end at different
-    slots. ``kv`` is (layers, rows, 2 KV, max_length, d).
-
-    A call feeds n columns to every row; `arrange` says which of them hold the row's tokens (the others: a
-    shorter prompt's left padding, the filler of a row that drafted less). Row r's tokens go to its next slots,
-    in order, and its other columns after them, beyond its length, where no query of the row looks before its next
-    call overwrites them. ``lengths`` is kept on the host, per row: the engine knows what each row kept
-    (`specbook.ragged.SlotRowsCache`), so a call never reads the device to place its tokens."""
-
-    def __init__(self, rows, layers, kv_heads, head_dim, max_length, windows, dtype, device):
-        if not isinstance(rows, int) or rows < 1:
-            raise ValueError(f"rows must be an integer >= 1 (got {rows!r})")
-        if not isinstance(max_length, int) or max_length < 1:
-            raise ValueError(f"max_length must be an integer >= 1 (got {max_length!r})")
-        self._hold(torch.zeros(layers, rows, 2 * kv_heads, max_length, head_dim, dtype=dtype, device=device))
-        self.steps = torch.arange(max_length, device=device)  # (max_length,): slot indices
-        self.windows, self.static, self.known = windows, False, None
-        self.lengths, self.layout = [0] * rows, None
-
-    def _hold(self, kv: torch.Tensor) -> None:
-        self.kv = kv  # (layers, rows, 2 KV, max_length, d)
-        self.keys, self.values = kv.chunk(2, 2)  # (layers, rows, KV, max_length, d) each: views
-        self.rows = kv.shape[1]
-        self.row_index = torch.arange(self.rows, device=kv.device)[:, None]  # (rows, 1)
-
-    @property
-    def max_length(self) -> int:
-        return self.kv.shape[3]
-
-    def arrange(self, visible: torch.Tensor) -> None:
-        """The next call's columns: ``visible`` (rows, n), True where a column holds a token of its row."""
-        self.layout = visible
-
-    def claim(self, n: int) -> torch.Tensor:
-        """Every row's slots for the call's n columns, (rows, n) in ``slots``; returns their positions (rows * n,),
-        which are the slots. Row r's lengths move past its tokens only."""
-        visible, self.layout = self.layout, None
-        if visible is not None and tuple(visible.shape) != (self.rows, n):
-            raise ValueError(f"visible must be ({self.rows}, {n}), a flag per row and column (got "
-                             f"{tuple(visible.shape)})")
-        lengths = torch.tensor(self.lengths)  # (rows,)
-        if visible is None or bool(visible.all()):
-            order, tokens = torch.arange(n), torch.full_like(lengths, n)
-        else:
-            visible = visible.cpu()
-            tokens = visible.sum(1)  # (rows,)
-            # a row's tokens in their order, then its other columns
-            order = torch.where(visible, visible.cumsum(1), tokens[:, None] + (~visible).cumsum(1)) - 1  # (rows, n)
-        self.span = int(lengths.max()) + n
-        if self.span > self.max_length:
-            self._grow(self.span)
-        self.slots = (lengths[:, None] + order).to(self.steps.device)  # (rows, n)
-        self.lengths = (lengths + tokens).tolist()
-        return self.slots.view(-1)
-
-    def _grow(self, needed: int) -> None:
-        old = self.kv
-        self._hold(old.new_zeros(old.shape[:3] + (max(needed, 2 * old.shape[3]),) + old.shape[4:]))
-        self.kv[:, :, :, : old.shape[3]] = old
-        self.steps = torch.arange(self.max_length, device=self.steps.device)
-
-    def causal_masks(self, slots: torch.Tensor) -> dict:
-        """Per sliding window, the additive masks (rows, n, span) of the call's queries: a row's query at slot s
-        sees the row's keys at slots <= s, within its window."""
-        keys, slots = self.steps[: self.span], self.slots[:, :, None]  # (span,), (rows, n, 1)
-        masks = {}
-        for window in set(self.windows):
-            visible = keys <= slots  # (rows, n, span)
-            if window is not None:
-                visible &= keys > slots - window
-            masks[window] = self._additive(visible)
-        return masks
-
-    def write(self, index: int, kv: torch.Tensor) -> None:
-        """Layer ``index``'s keys and values of the claimed slots, ``kv`` (rows * n, 2 KV, d), in one copy."""
-        self.kv[index][self.row_index, :, self.slots] = kv.view(self.rows, -1, *kv.shape[1:])  # (rows, n, 2 KV, d)
-
-    def attended(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``index``'s keys and values over the call's span, (rows, KV, span, d) each: views."""
-        return self.keys[index, :, :, :self.span], self.values[index, :, :, :self.span]
-
-    def get_seq_length(self) -> int:
-        """The longest row's length."""
-        return max(self.lengths)
-
-    def select(self, rows: list[int]) -> None:
-        """Keep only ``rows`` of the batch, in that order (finished rows leave it): one copy of theirs."""
-        self._hold(self.kv[:, torch.tensor(rows, dtype=torch.long, device=self.kv.device)])
-        self.lengths = [self.lengths[row] for row in rows]
-
-    def reset(self) -> None:
-        self.lengths = [0] * self.rows
-
-    def rollback(self, num_tokens) -> None:
-        """Forget the last ``num_tokens[r]`` tokens of each row r (a list)."""
-        if len(num_tokens) != self.rows or min(num_tokens) < 0 or any(
-                n > length for n, length in zip(num_tokens, self.lengths)):
-            raise ValueError(f"num_tokens must hold, per row, a count in [0, its length {self.lengths}] "
-                             f"(got {list(num_tokens)})")
-        self.lengths = [length - n for length, n in zip(self.lengths, num_tokens)]
-
-    def keep(self, *args, **kwargs):
-        raise ValueError("a batch's cache keeps chains, not a token tree's path: trees decode one sequence at a time")
-
-    keep_tail = tree_masks = given_masks = keep
 
 
 def is_static(cache) -> bool:

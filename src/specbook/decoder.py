@@ -45,7 +45,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .cache import SlotCache, SlotRows, attention_windows, new_cache
+from .cache import SlotCache, attention_windows, new_cache
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 CLASSES = {f"{name}{kind}" for name in ("Llama", "Mistral", "Qwen2", "Qwen3")
@@ -213,12 +213,6 @@ class Decoder:
         return SlotCache(len(self.layers), self.kv_heads, self.head_dim, max_length, self.windows,
                          self.dtype, self.device, static)
 
-    def new_rows(self, rows: int, max_length: int) -> SlotRows:
-        """An empty cache for a batch of ``rows`` sequences, each with room for ``max_length`` tokens (it grows)."""
-        self._tables(max_length)
-        return SlotRows(rows, len(self.layers), self.kv_heads, self.head_dim, max_length, self.windows, self.dtype,
-                        self.device)
-
     def _rms_norm(self, x, weight):
         return F.rms_norm(x, weight.shape, weight, self.eps)
 
@@ -258,7 +252,7 @@ class Decoder:
         rows, n = inputs.shape[:2]
         if rows != cache.rows:
             raise ValueError(f"this cache holds {cache.rows} row(s): inputs must be ({cache.rows}, n, ...) (got "
-                             f"{tuple(inputs.shape)}; a batch decodes over decoder.new_rows(rows, length))")
+                             f"{tuple(inputs.shape)}; a batch decodes over specbook.ragged.rows_cache)")
         if rows > 1 and (tree is not None or position_ids is not None):
             raise ValueError("a batch decodes chains: a token tree's positions and mask are for one sequence")
         slots = cache.claim(n)  # (R n,)
