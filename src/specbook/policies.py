@@ -238,10 +238,10 @@ class BatchSizeK(DraftLength):
         one position, at batch size B; ``verify_ratio[B][K]``: a target call on K + 1 positions per row
         relative to one on one position (so ``verify_ratio[B][0]`` is 1), for K = 0 ... K_max.
 
-        The formula prices isolated calls; a fixed batch also pays for its tail of rows that finish late
-        and for the hidden columns its calls read, which chapter 7 measures at 10 to 20% at large batches.
-        So by default the policy speculates only where the formula promises 1.2x: ``min_speedup=1`` takes
-        the formula at its word.
+        The formula prices isolated calls; a fixed batch also pays for its tail of rows that finish late,
+        and its calls attend over its longest row, which chapter 7 measures at 20 to 40% of a step's cost at
+        large batches. So by default the policy speculates only where the formula promises 1.2x
+        (``min_speedup=1`` takes the formula at its word), and `from_speedups` fits the measurement instead.
 
         The measured batch sizes need not start at 1: below the smallest one, the policy drafts that one's K.
         A smaller batch's verification is no dearer relative to a call on one position (v_B(K + 1) grows with B),
