@@ -157,12 +157,14 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
     def predicted(batch):  # chapter 3's speedup at K with this batch size's measured costs
         return lambda k: batch_speedup(alpha, k, cost_ratio[batch], verify_ratio[batch][k]) if k else 1.0
 
+    def batched_autoregressive(ids, mask):  # every speedup's baseline, as (K, run(seed))
+        return 0, lambda s: autoregressive_generate(target, ids, max_new_tokens, sampler, s, attention_mask=mask)
+
     rows, ranked = [], {}
     for batch in tqdm(batch_sizes, desc="batch sizes", disable=not progress):
         ids, mask = pair.encode_batch(batch_prompts(batch))
         hugging_face = _hugging_face_batch(target, sampler, max_new_tokens)
-        methods = {"autoregressive": (0, lambda s: autoregressive_generate(target, ids, max_new_tokens, sampler, s,
-                                                                           attention_mask=mask)),
+        methods = {"autoregressive": batched_autoregressive(ids, mask),
                    ONE_AT_A_TIME: (0, lambda s: [autoregressive_generate(
                        target, row[None, shown.bool()], max_new_tokens, sampler, s + b).token_ids
                        for b, (row, shown) in enumerate(zip(ids, mask))]),
@@ -194,8 +196,7 @@ def batch_suite(pair, batch_sizes, ks, max_new_tokens, repeats, sampler, seed=0,
                                          for batch in batch_sizes})
     for batch in tqdm(batch_sizes, desc="measured policy", disable=not progress):
         ids, mask = pair.encode_batch(batch_prompts(batch))
-        methods = {"autoregressive": (0, lambda s: autoregressive_generate(target, ids, max_new_tokens, sampler, s,
-                                                                           attention_mask=mask)),
+        methods = {"autoregressive": batched_autoregressive(ids, mask),
                    MEASURED_POLICY: (measured.k_for(batch), lambda s: speculative_generate(
                        target, draft, ids, max_new_tokens, k=measured, sampler=sampler, seed=s, attention_mask=mask))}
         rows += _timed(batch, methods, repeats, seed, predicted(batch))[1:]  # the policy's row
