@@ -27,6 +27,10 @@ GREEDY = Sampler(0)
 
 @pytest.fixture(scope="module")
 def pair():
+    return agreeing_pair()
+
+
+def agreeing_pair():
     """A tiny target with clear-cut greedy choices and a draft that agrees with it about 60% of the time: its LM
     head is the target's plus noise. (Two random models would never agree, and acceptance would not be ragged.)"""
     target = tiny_model(seed=0)
@@ -314,7 +318,7 @@ def test_at_batch_size_one_the_policy_runs_the_loop_of_its_fixed_k(pair):
     (dict(attention_mask=torch.tensor([[1, 1, 1, 1], [1, 0, 1, 1]])), "padding between its tokens"),
     (dict(attention_mask=torch.tensor([[1, 1, 1, 1], [0, 2, 1, 1]])), "0 \\(padding\\) and 1"),
     (dict(seed=[1, 2, 3]), "a list of 2 ints"),
-    (dict(cache="static"), "cache='dynamic'"),
+    (dict(compile=True), "compile=False"),
 ])
 def test_bad_batches_are_refused(pair, kwargs, match):
     target, draft = pair

@@ -21,8 +21,10 @@ size before every step (`DraftLength.observe_batch`): `BatchSizeK` drafts less a
 down to K = 0, plain decoding, where verification is no longer nearly free (chapter 7).
 
 The engine calls this for a decoder-only target when the prompts come as a batch: B > 1, or an
-``attention_mask`` (`specbook.decoding.speculative_generate`). Trees, heads and the GPU path's
-static caches decode one sequence at a time and are refused here with a clear error.
+``attention_mask`` (`specbook.decoding.speculative_generate`). Trees and heads decode one sequence at
+a time and are refused here with a clear error. On a GPU a batch decodes over static caches by
+default, each call one replayed graph per batch bucket (`specbook.row_graphs`), as a batch of one
+does over its own (`specbook.graphs`).
 """
 
 import copy
@@ -34,7 +36,8 @@ from .drafters import Draft, as_drafter
 from .drafters.rows import for_batch
 from .models import check_prompt, vocab_size
 from .policies import DraftLength, as_policy
-from .ragged import check_batch, rows_cache
+from .ragged import check_batch
+from .row_graphs import batch_cache
 from .records import BatchGeneration, BatchStats, Generation, Step, finish, step_stats
 from .rejection import verify_chain
 from .sampling import make_generator
@@ -80,11 +83,13 @@ def verify_rows(drafts: torch.Tensor, lengths: list[int], draft_probs: torch.Ten
 
 @torch.inference_mode()
 def generate_batch(target, drafter, input_ids, max_new_tokens, k, sampler, seed=None, eos_token_id=None,
-                   tokenizer=None, attention_mask=None, alone=None) -> BatchGeneration:
+                   tokenizer=None, attention_mask=None, alone=None, static_length=None) -> BatchGeneration:
     """Speculative decoding (``drafter`` a `Drafter` or draft model) or, with ``drafter`` None, autoregressive
     decoding of a (B, T) batch of left-padded prompts; ``k`` an int or a `DraftLength` policy (a copy per row).
     Returns one `Generation` per row, in order. ``alone(input_ids, seed)``, when given, decodes a batch of one
-    instead, its (1, T) prompt without padding: the batch-of-one loop, whose calls need no custom mask."""
+    instead, its (1, T) prompt without padding: the batch-of-one loop, whose calls need no custom mask.
+    ``static_length``: decode over static caches of that many slots a row, the calls replayed as graphs on a GPU
+    (`specbook.row_graphs`); None: dynamic caches."""
     visible = check_batch(input_ids, attention_mask)  # (B, T)
     if input_ids.shape[0] == 1 and alone is not None:
         return BatchGeneration.of_one(alone(input_ids[:, visible[0].to(input_ids.device)], row_seeds(seed, 1)[0]))
@@ -92,7 +97,7 @@ def generate_batch(target, drafter, input_ids, max_new_tokens, k, sampler, seed=
     started, batch = time.perf_counter(), input_ids.shape[0]
     generators = [make_generator(s, target.device) for s in row_seeds(seed, batch)]
     if drafter is not None:
-        drafter = for_batch(as_drafter(drafter, target), input_ids, visible)
+        drafter = for_batch(as_drafter(drafter, target), input_ids, visible, static_length)
         policies = [copy.deepcopy(as_policy(k)) for _ in range(batch)]
     else:
         policies = [_Plain() for _ in range(batch)]
@@ -100,7 +105,9 @@ def generate_batch(target, drafter, input_ids, max_new_tokens, k, sampler, seed=
         policy.start()
     watch = [policy.keep_drafting if type(policy).keep_drafting is not DraftLength.keep_drafting else None
              for policy in policies]  # only a policy that reads the draft's confidence is asked per token
-    cache, vocab = rows_cache(target, batch, input_ids.shape[1] + max_new_tokens), vocab_size(target)
+    cache = batch_cache(target, batch, static_length or input_ids.shape[1] + max_new_tokens,
+                        "dynamic" if static_length is None else "static")
+    vocab = vocab_size(target)
     pending, pending_visible = input_ids, visible  # the first call reads the prompts
     rows = list(range(batch))  # the rows still decoding, by their index in the batch
     tokens, steps = [[] for _ in rows], [[] for _ in rows]

@@ -64,6 +64,7 @@ from .models import check_prompt, read_features, vocab_size
 from .policies import DraftLength, FixedK, as_policy
 from .records import BatchGeneration, Generation, Stats, Step, finish, step_stats
 from .graphs import StaticModel, prefill, static_model
+from .row_graphs import batch_cache_option
 from .rejection import chain_decision
 from .sampling import Sampler, make_generator
 from .seq2seq import EncoderDecoderView, check_encoder_inputs, decoder_start, encode, is_encoder_decoder
@@ -90,16 +91,11 @@ def _check_inputs(model, input_ids, max_new_tokens, cache="dynamic", compile=Fal
     check_cache_options(cache, compile)
 
 
-def _batched(model, input_ids, attention_mask, decoder_input_ids, cache, compile) -> bool:
+def _batched(model, input_ids, attention_mask, decoder_input_ids) -> bool:
     """Whether the prompts are a batch for `specbook.batch`: a decoder-only model, and B > 1 rows or an
     ``attention_mask`` (a tokenizer's padded output, whatever its size)."""
-    if (is_encoder_decoder(model) or decoder_input_ids is not None or not isinstance(input_ids, torch.Tensor)
-            or input_ids.ndim != 2 or input_ids.shape[0] == 1 and attention_mask is None):
-        return False
-    if cache not in (None, "dynamic") or compile:
-        raise ValueError("a batch decodes with cache='dynamic' and compile=False: the static cache and compiled "
-                         "steps are for a batch of one")
-    return True
+    return not (is_encoder_decoder(model) or decoder_input_ids is not None or not isinstance(input_ids, torch.Tensor)
+                or input_ids.ndim != 2 or input_ids.shape[0] == 1 and attention_mask is None)
 
 
 def _decoder(model, input_ids, attention_mask=None, decoder_input_ids=None):
@@ -182,10 +178,12 @@ def autoregressive_generate(model, input_ids, max_new_tokens, sampler=Sampler(),
     pads them for generation -- decodes every row at once and returns a `BatchGeneration`, one
     `Generation` per row (`specbook.batch`); ``seed`` s then gives row b the random stream s + b.
     """
-    if _batched(model, input_ids, attention_mask, decoder_input_ids, cache, compile):
+    if _batched(model, input_ids, attention_mask, decoder_input_ids):
+        cache = batch_cache_option(model, cache, compile)
         return generate_batch(model, None, input_ids, max_new_tokens, 0, sampler, seed, eos_token_id, tokenizer,
                               attention_mask, lambda row, seed: autoregressive_generate(
-                                  model, row, max_new_tokens, sampler, seed, eos_token_id, tokenizer))
+                                  model, row, max_new_tokens, sampler, seed, eos_token_id, tokenizer, cache),
+                              _static_length(model, input_ids, max_new_tokens, cache))
     cache, compile = gpu_path(model, cache, compile)
     model, input_ids, _ = _decoder(model, input_ids, attention_mask, decoder_input_ids)
     _check_inputs(model, input_ids, max_new_tokens, cache, compile)
@@ -338,10 +336,13 @@ def speculative_generate(target, drafter, input_ids, max_new_tokens, k=4, sample
     pads them for generation -- decodes every row at once and returns a `BatchGeneration`, one
     `Generation` per row (`specbook.batch`); ``seed`` s then gives row b the random stream s + b.
     """
-    if _batched(target, input_ids, attention_mask, decoder_input_ids, cache, compile):
+    if _batched(target, input_ids, attention_mask, decoder_input_ids):
+        cache = batch_cache_option(target, cache, compile)
         return generate_batch(target, drafter, input_ids, max_new_tokens, k, sampler, seed, eos_token_id, tokenizer,
                               attention_mask, lambda row, seed: speculative_generate(
-                                  target, drafter, row, max_new_tokens, k, sampler, seed, eos_token_id, tokenizer))
+                                  target, drafter, row, max_new_tokens, k, sampler, seed, eos_token_id, tokenizer,
+                                  cache=cache),
+                              _static_length(target, input_ids, max_new_tokens, cache))
     encoder_inputs = input_ids, attention_mask
     cache, compile = gpu_path(target, cache, compile)
     target, input_ids, encoder_outputs = _decoder(target, input_ids, attention_mask, decoder_input_ids)

@@ -87,6 +87,28 @@ class _Recorded:
         self.output = self.function()
 
 
+def capture(function, pointers: list[torch.Tensor], pool, device: torch.device):
+    """``function`` -- work on a cache that reads its inputs from buffers -- captured as a CUDA graph whose
+    ``output`` is the function's, in the memory ``pool``; on a CPU, a `_Recorded` call. The function is first
+    run eagerly on a side stream (allocations, workspaces, compilation), the cache's length ``pointers`` put
+    back after each run; the recording does not run it, so they do not move."""
+    if device.type != "cuda":
+        return _Recorded(function)
+    saved = [pointer.clone() for pointer in pointers]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        for _ in range(WARMUP_CALLS):
+            function()
+            for pointer, value in zip(pointers, saved):
+                pointer.copy_(value)
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph, pool=pool):
+        graph.output = function()
+    return graph
+
+
 def pads_safely(config) -> bool:
     """Whether padding a call's tokens leaves the real positions' outputs alone: not where the rotary
     embedding reads the call's largest position (``longrope`` switches its frequencies past the
@@ -157,26 +179,9 @@ class StaticModel:
                                                                       for layer in self.cache.layers))
 
     def _graph(self, function):
-        """``function`` -- work on this model's cache that reads its inputs from buffers -- captured as a graph
-        whose ``output`` is the function's; on a CPU, a `_Recorded` call. The function is first run eagerly
-        on a side stream (allocations, workspaces, compilation), the cache's pointers put back after each run."""
-        if self.model.device.type != "cuda":
-            return _Recorded(function)
-        pointers = length_pointers(self.cache)
-        saved = [pointer.clone() for pointer in pointers]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
+        """``function`` -- work on this model's cache that reads its inputs from buffers -- captured (`capture`)."""
         with self._moves(0):  # warm-ups put the pointers back; a recording does not move them
-            with torch.cuda.stream(stream):
-                for _ in range(WARMUP_CALLS):
-                    function()
-                    for pointer, value in zip(pointers, saved):
-                        pointer.copy_(value)
-            torch.cuda.current_stream().wait_stream(stream)
-            with torch.cuda.graph(graph, pool=self.pool):  # recorded, not run: the pointers do not move
-                graph.output = function()
-        return graph
+            return capture(function, length_pointers(self.cache), self.pool, self.model.device)
 
     def _replay(self, graph, advance: int):
         """Replay ``graph``, which moves the cache's length by ``advance``."""

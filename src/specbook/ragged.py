@@ -57,6 +57,17 @@ def check_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) ->
     return mask
 
 
+def layout(visible: torch.Tensor | None, rows: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where a call's n columns go in each row, from ``visible`` (rows, n), True where a column holds a token of its
+    row (None: all do): ``order`` (rows, n), each column's offset from the row's length -- the row's tokens first, in
+    their order, then its other columns -- and ``tokens`` (rows,), how many each row adds. On the host."""
+    if visible is None or bool(visible.all()):
+        return torch.arange(n).expand(rows, n), torch.full((rows,), n)
+    visible = visible.cpu()
+    tokens = visible.sum(1)  # (rows,)
+    return torch.where(visible, visible.cumsum(1), tokens[:, None] + (~visible).cumsum(1)) - 1, tokens
+
+
 class SlotRows(SlotCache):
     """A `SlotCache` for a batch of ``rows`` sequences that grow at different speeds: row r's tokens fill its own
     slots 0 .. lengths[r] - 1, each at the position of its slot, so that a row's rotary positions and sliding
@@ -103,13 +114,7 @@ class SlotRows(SlotCache):
             raise ValueError(f"visible must be ({self.rows}, {n}), a flag per row and column (got "
                              f"{tuple(visible.shape)})")
         lengths = torch.tensor(self.lengths)  # (rows,)
-        if visible is None or bool(visible.all()):
-            order, tokens = torch.arange(n), torch.full_like(lengths, n)
-        else:
-            visible = visible.cpu()
-            tokens = visible.sum(1)  # (rows,)
-            # a row's tokens in their order, then its other columns
-            order = torch.where(visible, visible.cumsum(1), tokens[:, None] + (~visible).cumsum(1)) - 1  # (rows, n)
+        order, tokens = layout(visible, self.rows, n)
         self.span = int(lengths.max()) + n
         if self.span > self.max_length:
             self._grow(self.span)
@@ -141,7 +146,7 @@ class SlotRows(SlotCache):
 
     def attended(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``index``'s keys and values over the call's span, (rows, KV, span, d) each: views."""
-        return self.keys[index, :, :, :self.span], self.values[index, :, :, :self.span]
+        return self.keys[index, :self.rows, :, :self.span], self.values[index, :self.rows, :, :self.span]
 
     def get_seq_length(self) -> int:
         """The longest row's length."""
@@ -167,6 +172,66 @@ class SlotRows(SlotCache):
         raise ValueError("a batch's cache keeps chains, not a token tree's path: trees decode one sequence at a time")
 
     keep_tail = tree_masks = given_masks = keep
+
+
+class StaticRows(SlotRows):
+    """`SlotRows` of a fixed size, for calls replayed as graphs (`specbook.row_graphs`): room for ``capacity`` rows
+    of ``max_length`` slots, and each row's length on the device too, ``length`` (capacity,), which a call reads
+    and advances without the host. A call on R <= capacity rows is given its layout on the device first (`place`:
+    `layout`'s order and counts), and its queries attend over every slot (a fixed span), the mask hiding what lies
+    past each query in its row. The host's ``lengths`` (one per row in use) come from the engine (`set_lengths`).
+    Rows past those in use (a graph's padding up to its batch size) keep length 0 and add nothing."""
+
+    def __init__(self, capacity, layers, kv_heads, head_dim, max_length, windows, dtype, device):
+        super().__init__(capacity, layers, kv_heads, head_dim, max_length, windows, dtype, device)
+        self.static, self.capacity, self.span = True, capacity, max_length
+        self.length = torch.zeros(capacity, dtype=torch.long, device=device)  # (capacity,)
+        self.all_rows, self.order, self.added = self.row_index, None, None
+
+    def place(self, order: torch.Tensor, added: torch.Tensor) -> None:
+        """The next call's layout on the device: ``order`` (R, n), each column's offset from its row's length, and
+        ``added`` (R,), the tokens each row adds (`layout`)."""
+        if order.shape[0] > self.capacity:
+            raise ValueError(f"this static cache holds {self.capacity} rows (got a call on {order.shape[0]}): "
+                             "make it for the batch's size (specbook.row_graphs.static_rows)")
+        self.order, self.added, self.rows = order, added, order.shape[0]
+        self.row_index = self.all_rows[: self.rows]
+
+    def claim(self, n: int) -> torch.Tensor:
+        """The slots (rows, n) of the placed call, from the lengths on the device, which move past each row's tokens."""
+        if self.order is None or self.order.shape[1] != n:
+            raise ValueError(f"place a call's layout on {n} columns before it (StaticRows.place)")
+        self.slots = self.length[: self.rows, None] + self.order  # (rows, n)
+        self.length[: self.rows] += self.added
+        return self.slots.view(-1)
+
+    def set_lengths(self, lengths: list[int]) -> None:
+        """Each row's length, on the host and the device (one copy): after a step, what each row kept."""
+        if len(lengths) > self.capacity or min(lengths, default=0) < 0 or max(lengths, default=0) > self.max_length:
+            raise ValueError(f"lengths must be at most {self.capacity} counts in [0, {self.max_length}] (got {lengths})")
+        self.lengths = list(lengths)
+        self.length[: len(lengths)].copy_(torch.tensor(lengths), non_blocking=True)
+
+    def rollback(self, num_tokens) -> None:
+        super().rollback(num_tokens)
+        self.set_lengths(self.lengths)
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only ``rows`` of those in use, moved to the first slots of the buffer, in place (a graph's buffers keep
+        their addresses); the rows after them are emptied."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.kv.device)
+        self.kv[:, : len(rows)] = self.kv[:, index]
+        self.length[: len(rows)] = self.length[index]
+        self.length[len(rows):] = 0
+        self.lengths = [self.lengths[row] for row in rows]
+
+    def reset(self, rows: int | None = None) -> None:
+        """Empty the cache for a batch of ``rows`` (by default its capacity)."""
+        self.length.zero_()
+        self.lengths = [0] * (self.capacity if rows is None else rows)
+
+    def _grow(self, needed: int) -> None:
+        raise ValueError(f"a call would write past this static cache's {self.max_length} slots (needs {needed})")
 
 
 class RowsCache:

@@ -4,7 +4,7 @@ A batch step asks for up to k_b drafts for each row b and gets them as one (B, K
 longest row's, shorter rows padded with filler that verification never reads. Two drafters batch:
 
 - a draft model (`ModelRows`) runs once per drafted position for the whole batch, over a
-  `specbook.ragged.RaggedCache`: rows that draft fewer tokens feed filler the cache hides, and
+  batch cache (`specbook.row_graphs.batch_cache`): rows that draft fewer tokens feed filler the cache hides, and
   after verification each row keeps its own accepted drafts. Each row samples from its own random
   stream, as it would alone;
 - a drafter that reads the committed tokens (prompt lookup, NASD: `specbook.drafters.ngram`) costs
@@ -18,7 +18,8 @@ import copy
 
 import torch
 
-from ..ragged import rows_cache
+from ..decoder import decoder_for
+from ..row_graphs import batch_cache
 from ..seq2seq import is_encoder_decoder
 from .model import ModelDrafter
 from .ngram import LookupDrafter
@@ -29,9 +30,12 @@ class ModelRows:
 
     observes_target = False  # a draft model learns nothing from the target's distributions
 
-    def __init__(self, drafter: ModelDrafter, input_ids: torch.Tensor, visible: torch.Tensor):
+    def __init__(self, drafter: ModelDrafter, input_ids: torch.Tensor, visible: torch.Tensor,
+                 static_length: int | None = None):
         self.model, self.vocab_size, self.calls = drafter.model, drafter.vocab_size, 0
-        self.cache = rows_cache(self.model, input_ids.shape[0], 2 * input_ids.shape[1])  # (it grows)
+        static = static_length is not None and decoder_for(self.model) is not None  # else Hugging Face's forward
+        self.cache = batch_cache(self.model, input_ids.shape[0], static_length if static else 2 * input_ids.shape[1],
+                                 "static" if static else "dynamic", "draft")  # (a dynamic one grows)
         if input_ids.shape[1] > 1:
             self.cache(input_ids[:, :-1], visible[:, :-1], logits_to_keep=1)
         self.pending = [[token] for token in input_ids[:, -1].tolist()]  # per row: tokens the cache has not seen
@@ -114,13 +118,14 @@ class LookupRows:
         self.rows = [self.rows[row] for row in rows]
 
 
-def for_batch(drafter, input_ids: torch.Tensor, visible: torch.Tensor):
-    """The batch form of ``drafter`` (from `as_drafter`) started on a (B, T) left-padded batch, or a clear refusal."""
+def for_batch(drafter, input_ids: torch.Tensor, visible: torch.Tensor, static_length: int | None = None):
+    """The batch form of ``drafter`` (from `as_drafter`) started on a (B, T) left-padded batch, or a clear refusal.
+    ``static_length``: the target's static cache's slots a row, which a draft model's static cache gets too."""
     if type(drafter) is ModelDrafter and not is_encoder_decoder(drafter.seq2seq):
-        if drafter.static_length is not None or drafter.compile:
-            raise ValueError("a batch decodes with dynamic caches: give the ModelDrafter cache='dynamic' and no "
-                             "compile (the static cache and compiled steps are for a batch of one)")
-        return ModelRows(drafter, input_ids, visible)
+        if drafter.compile:
+            raise ValueError("a batch decodes with compile=False: give the ModelDrafter no compile (compiled steps "
+                             "are for a batch of one)")
+        return ModelRows(drafter, input_ids, visible, static_length)
     if isinstance(drafter, LookupDrafter):
         return LookupRows(drafter, input_ids, visible)
     raise ValueError(f"{type(drafter).__name__} drafts for one sequence at a time: at batch size > 1, draft with a "
