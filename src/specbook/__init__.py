@@ -8,7 +8,8 @@ the draft's cost per token relative to the target's.
 from . import display  # noqa: F401  (registers and enables the "specbook" Altair renderer)
 from .decoding import autoregressive_generate, speculative_generate
 from .drafters import (Draft, Drafter, Eagle3Drafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter,
-                       NGramDrafter, PromptLookupDrafter, SampledTreeDrafter, SelfSpeculativeDrafter, TopKTreeDrafter)
+                       NGramDrafter, PardDrafter, PromptLookupDrafter, SampledTreeDrafter, SelfSpeculativeDrafter,
+                       TopKTreeDrafter)
 from .eagle3 import Eagle3Head
 from .heads import EagleHead, ExitHead, MedusaHeads
 from .models import ModelPair, load_model, load_pair
@@ -24,7 +25,7 @@ __all__ = [
     "BatchGeneration", "BatchSizeK", "BatchStats", "ConfidenceStop", "Draft", "DraftLength", "Drafter", "DynamicTree",
     "Eagle3Drafter", "Eagle3Head", "EagleDrafter", "EagleHead",
     "EntropyGuidedK", "ExitHead", "FixedK", "Generation", "HeuristicK", "LookaheadDrafter", "MedusaDrafter",
-    "MedusaHeads", "ModelDrafter", "ModelPair", "NGramDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "Sampler",
+    "MedusaHeads", "ModelDrafter", "ModelPair", "NGramDrafter", "PardDrafter", "PromptLookupDrafter", "SampledTreeDrafter", "Sampler",
     "SelfSpeculativeDrafter", "Stats", "Step", "TopKTreeDrafter", "TreeSpec", "acceptance_rate",
     "autoregressive_generate", "expected_tokens_per_step", "load_model", "load_pair", "optimal_k", "output_distribution",
     "residual_distribution", "speculative_generate", "speedup",

@@ -18,12 +18,13 @@ from .glide import train_glide
 from .heads import compare_mtp, eagle3_loss, eagle_loss, exit_loss, medusa_loss, save_head, train_head, train_mtp
 from .loop import TrainConfig, copy_losses, evaluate, train_model
 from .models import MODEL_CONFIGS, blend, grow, load_trained, model_shape, new_model, save_model
+from .pard import DEPTHS as PARD_DEPTHS, RATIO, train_pard
 
 
 DESCRIPTION = "Reproducible training of the built-in Shakespeare model pair."
 EXIT_LAYER = 1  # the exit with the best modelled speedup on the built-in target (its training.json, "exit_layers")
 STAGES = ("corpus", "tokenizer", "target", "copy", "draft", "medusa", "eagle", "eagle3", "exit", "glide", "mtp",
-          "card")
+          "pard", "card")
 
 
 def main(argv=None):
@@ -65,6 +66,16 @@ def main(argv=None):
                              "(default: %(default)s)")
     parser.add_argument("--mtp-layers", type=int, default=2,
                         help="the target's top layers fine-tuned with the MTP heads (default: %(default)s)")
+    parser.add_argument("--pard-steps", type=int, default=400, help="the PARD draft's adaptation steps")
+    parser.add_argument("--pard-depths", type=int, default=PARD_DEPTHS,
+                        help="the most drafts a PARD call gives: the text and this many - 1 mask depths "
+                             "(default: %(default)s)")
+    parser.add_argument("--pard-ratio", type=float, default=RATIO,
+                        help="COD's keep ratio r (depth c keeps max(r^c, 0.2) of its positions); 1 for no drop "
+                             "(default: %(default)s)")
+    parser.add_argument("--pard-dir", default=None,
+                        help="where the PARD draft is saved (default: --out/pard, the built-in one; another folder "
+                             "keeps a variant, such as the one trained without COD)")
     parser.add_argument("--target-width", type=int, default=None, help="another target size: its hidden size")
     parser.add_argument("--target-layers", type=int, default=None, help="another target size: its depth")
     parser.add_argument("--draft-width", type=int, default=None, help="another draft size: its hidden size")
@@ -108,6 +119,10 @@ def main(argv=None):
         parser.error(f"--eagle3-layers must be comma-separated integers, got {args.eagle3_layers!r}")
     if args.glide_block < 1:
         parser.error(f"--glide-block must be >= 1, got {args.glide_block}")
+    if not 2 <= args.pard_depths <= 16:
+        parser.error(f"--pard-depths must be in [2, 16], got {args.pard_depths}")
+    if not 0 < args.pard_ratio <= 1:
+        parser.error(f"--pard-ratio must be in (0, 1], got {args.pard_ratio}")
     if args.target_lr_scale <= 0:
         parser.error(f"--target-lr-scale must be > 0, got {args.target_lr_scale}")
     sized = partial(TrainConfig, batch_size=args.batch_size, ckpt_every=args.ckpt_every)
@@ -245,6 +260,14 @@ def main(argv=None):
         heldout = train_glide(target, out / "draft", train_tokens, valid_tokens, config, args.glide_block, work, out,
                               args.device, {"hardware": hardware}, tokenizer)
         print({name: {key: round(value, 3) for key, value in figures.items()} for name, figures in heldout.items()})
+    if "pard" in stages:
+        config = sized(steps=args.pard_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 11)
+        draft = load_trained(out / "draft", args.device)  # adapted from the built-in draft
+        saved = Path(args.pard_dir) if args.pard_dir else out / "pard"
+        state = train_pard(draft, load_trained(out / "target", args.device).requires_grad_(False), train_tokens,
+                           valid_tokens, config, work / f"ckpt-{saved.name}", args.device, args.pard_depths,
+                           args.pard_ratio)
+        save_model(draft, saved, {"config": asdict(config), "hardware": hardware, **state})
     if "card" in stages:
         from ..bench import machine
         write_card(out, work, {"machine": machine()})
