@@ -26,17 +26,16 @@ so the policy at its K and the fixed K it picked differ only by the noise of the
 row repeats the largest K's row: their difference shows that noise).
 """
 
-import json
 import statistics
 
 import torch
 from tqdm.auto import tqdm
 
 from .batch import generate_batch
-from .bench import INPUT_GROUNDED, OPEN_ENDED, REPETITIVE, _clock, generate_options, machine
+from .bench import HELD_OUT, INPUT_GROUNDED, OPEN_ENDED, REPETITIVE, _clock, generate_options, machine
 from .decoder import forward_name, hugging_face_forward
 from .decoding import autoregressive_generate, speculative_generate
-from .models import assets_dir, embedding_rows
+from .models import embedding_rows
 from .policies import BatchSizeK, check_integer
 from .ragged import rows_cache
 from .records import acceptance_rate
@@ -52,9 +51,8 @@ MEASURED_POLICY = "measured policy"  # BatchSizeK.from_speedups on the suite's o
 def batch_prompts(count: int) -> list[str]:
     """``count`` prompts of different lengths for a batch: the built-in pair's held-out prompts, then the
     benchmark prompts of chapters 4 to 6, then the held-out prompts cut to their first lines."""
-    heldout = json.loads((assets_dir("shakespeare") / "heldout_prompts.json").read_text())
-    texts = heldout + OPEN_ENDED + INPUT_GROUNDED + REPETITIVE
-    texts += ["\n".join(text.split("\n")[:2]) for text in heldout]
+    texts = HELD_OUT + OPEN_ENDED + INPUT_GROUNDED + REPETITIVE
+    texts += ["\n".join(text.split("\n")[:2]) for text in HELD_OUT]
     if count > len(texts):
         raise ValueError(f"count must be at most {len(texts)}, the prompts there are (got {count})")
     return texts[:count]

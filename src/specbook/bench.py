@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from .decoder import hugging_face_forward
 from .decoding import autoregressive_generate, speculative_generate
-from .models import weight_bytes
+from .models import assets_dir, weight_bytes
 from .policies import check_integer
 from .records import acceptance_rate
 from .sampling import Sampler
@@ -60,7 +60,10 @@ REPETITIVE = [
     "FIRST LORD:\nGod save the king!\n\nSECOND LORD:\nGod save the king!\n\nTHIRD LORD:\nGod save the king!\n\n"
     "FOURTH LORD:\nGod",
 ]
-CATEGORIES = {"open": OPEN_ENDED, "grounded": INPUT_GROUNDED, "repetitive": REPETITIVE}
+# Verse of the three plays the built-in pair never trained on, cut before a line ends (`specbook.train.corpus`).
+HELD_OUT = json.loads((assets_dir("shakespeare") / "heldout_prompts.json").read_text())
+CATEGORIES = {"open": OPEN_ENDED, "grounded": INPUT_GROUNDED, "repetitive": REPETITIVE, "held-out": HELD_OUT[:8]}
+BOOK_CATEGORIES = ("open", "grounded", "repetitive")  # the kinds of text chapters 4 to 6c time
 
 
 @dataclass

@@ -24,9 +24,9 @@ import sys
 
 import torch
 
-from .bench import CATEGORIES
-from .cli_bench import (run_batch, run_costs, run_eagle3, run_family, run_gpu, run_profile, run_seq2seq, run_table,
-                        run_trees, target_path)
+from .bench import BOOK_CATEGORIES, CATEGORIES
+from .cli_bench import (run_batch, run_costs, run_eagle3, run_family, run_gpu, run_pard, run_profile, run_seq2seq,
+                        run_table, run_trees, target_path)
 from .costs import CPU_SCALE, PAIRS
 from .decoding import autoregressive_generate, speculative_generate
 from .drafters import ModelDrafter
@@ -107,7 +107,9 @@ def bench(args):
     """Check what the suite needs, load the pair and run the suite (`specbook.cli_bench`)."""
     if args.suite == "costs":  # builds the real pairs' shapes itself: no pair to load
         return run_costs(args)
-    if args.suite in ("heads", "family", "eagle3") and (args.target or args.draft
+    if args.categories is None:
+        args.categories = list(CATEGORIES) if args.suite == "pard" else list(BOOK_CATEGORIES)
+    if args.suite in ("heads", "family", "eagle3", "pard") and (args.target or args.draft
                                                          or args.pair not in (None, *WITH_HEADS)):
         raise ValueError(f"--suite {args.suite} needs a built-in pair (--pair shakespeare, the default): its heads "
                          "were trained on that target's hidden states and fit no other model")
@@ -119,7 +121,7 @@ def bench(args):
                          f"a Hugging Face pair); {pair.name} is decoder-only")
     if args.suite == "gpu":
         return run_gpu(pair, args)
-    runs = {"profile": run_profile, "family": run_family, "eagle3": run_eagle3, "trees": run_trees,
+    runs = {"profile": run_profile, "family": run_family, "eagle3": run_eagle3, "pard": run_pard, "trees": run_trees,
             "seq2seq": run_seq2seq, "batch": run_batch}
     runs.get(args.suite, run_table)(pair, args, target_path(pair.target))
 
@@ -200,7 +202,7 @@ def main(argv=None):
     _add_sampling_options(gen)
     ben = commands.add_parser("bench", help="benchmark AR, speculative (several K) and HF assisted generation")
     ben.add_argument("--suite", choices=["comparison", "ablation", "heads", "gpu", "profile", "family", "eagle3",
-                                         "trees", "seq2seq", "batch", "costs"],
+                                         "pard", "trees", "seq2seq", "batch", "costs"],
                      default="comparison",
                      help="comparison: AR, speculative for each K, HF assisted (chapter 4); ablation: model "
                           "drafter, EGAG, NASD, prompt lookup (chapter 5); heads: the model drafter as a chain "
@@ -211,7 +213,9 @@ def main(argv=None):
                           "text, greedy and sampled, written with --json (chapter 6, built-in pair only); "
                           "eagle3: EAGLE against EAGLE-3 and its ablations, chains and dynamic trees on every kind "
                           "of text, and alpha at each draft position, written with --json (chapter 6, built-in "
-                          "pair only); trees: tokens per call and time per step against the size of the draft "
+                          "pair only); pard: the draft model at K = 1..6 against its PARD adaptation drafting K "
+                          "tokens in one call, and alpha at each draft position of both, written with --json "
+                          "(chapter 6d, built-in pair only); trees: tokens per call and time per step against the size of the draft "
                           "model's dynamic tree, greedy, on every kind of text (with --gpu-path on the GPU path), "
                           "written with --json (chapter 6); "
                           "seq2seq: an encoder-decoder pair (default shakespeare-seq2seq) restoring held-out "
@@ -231,8 +235,9 @@ def main(argv=None):
     ben.add_argument("--batch-sizes", type=lambda text: [_positive_int(b) for b in text.split(",")],
                      default=[1, 2, 4, 8, 16, 32], help="--suite batch: the batch sizes (default: 1,2,4,8,16,32)")
     ben.add_argument("--prompts", choices=["open", "grounded", "both"], default="both")
-    ben.add_argument("--categories", type=lambda text: _choices(text, CATEGORIES), default=list(CATEGORIES),
-                     help=f"--suite family, eagle3 and trees: the kinds of text (default: {','.join(CATEGORIES)})")
+    ben.add_argument("--categories", type=lambda text: _choices(text, CATEGORIES), default=None,
+                     help=f"--suite family, eagle3, pard and trees: the kinds of text, of {','.join(CATEGORIES)} "
+                          f"(default: {','.join(BOOK_CATEGORIES)}; for pard all of them)")
     ben.add_argument("--ks", type=lambda text: [_positive_int(k) for k in text.split(",")], default=[1, 2, 3, 4, 6],
                      help="draft lengths (default: 1,2,3,4,6; the ablation sweeps the model drafter over them "
                           "and gives the lookup drafters the largest; the heads suite uses the largest)")

@@ -18,7 +18,7 @@ from .costs import CPU_SCALE, cost_probe
 from .costs import report as costs_report
 from .decoder import forward_name
 from .gpu import gpu_benchmark, or_none, write_results
-from .drafters import Eagle3Drafter, EagleDrafter
+from .drafters import Eagle3Drafter, EagleDrafter, PardDrafter
 from .eagle3 import Eagle3Head
 from .heads import EagleHead, ExitHead, MedusaHeads
 from .models import assets_dir, load_model
@@ -28,7 +28,7 @@ from .profile import autoregressive_ms, copy_bandwidth, step_profile
 from .sampling import Sampler
 from .spread import show_spreads, spread_of, tie_text
 from .suites import (TREE_SIZES, ablation, comparison, eagle3_rows, encoder_decoder, family, heads_and_trees,
-                     multi_token, tree_name, tree_sizes)
+                     multi_token, parallel_drafting, tree_name, tree_sizes)
 
 
 def target_path(target) -> dict:
@@ -255,6 +255,35 @@ def run_eagle3(pair, args, path):
         results = {"machine": machine(), **path, "k": args.k, "max_new_tokens": args.max_new_tokens,
                    "repeats": args.repeats, "sampled_temperature": _samplings(args)["sampled"].temperature,
                    "heads": training, "alpha_by_position": positions,
+                   "rows": [{key: or_none(value) for key, value in row.items()} for row in rows]}
+        write_results(results, args.json)
+        print(f"written to {args.json}", file=sys.stderr)
+
+
+def run_pard(pair, args, path):
+    """The draft model against its PARD adaptation (`specbook.suites.parallel_drafting`), greedy and sampled, on every
+    kind of text of --categories (verse of plays the pair never trained on included); α at each draft position of
+    both, on all the prompts, the draft model at K = 6 and PARD at its largest trained K; written as JSON."""
+    pard = load_model(pair.name, "pard", pair.target.device, pair.target.dtype)
+    engine = _engine(pair, args)
+    prompts = [pair.encode(text) for category in args.categories for text in CATEGORIES[category]]
+    positions = {}
+    for sampling, sampler in _samplings(args).items():
+        for name, drafter, k in (("draft model", pair.draft, ALPHA_POSITIONS),
+                                 ("PARD", PardDrafter(pard), pard.config.pard_max_k)):
+            measured = acceptance_by_position(pair.target, drafter, prompts, args.max_new_tokens, k, sampler, args.seed)
+            positions.setdefault(name, {})[sampling] = measured
+            print(f"{sampling}, {name}: α by position " + " ".join(f"{alpha:.2f}" if alpha is not None else "-"
+                                                                for alpha in measured["alpha_by_position"]))
+    rows = _rows_by_category(pair, args, lambda sampler: [
+        parallel_drafting(pair, pard, sampler, args.max_new_tokens, **engine)])
+    _print_speedups(rows, args, path)
+    if args.json:
+        training = json.loads((assets_dir(pair.name) / "pard" / "training.json").read_text())
+        results = {"machine": machine(), **path, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+                   "sampled_temperature": _samplings(args)["sampled"].temperature, "categories": args.categories,
+                   "pard": {key: training[key] for key in ("mask_token", "depths", "cod", "seconds", "step")},
+                   "alpha_by_position": positions,
                    "rows": [{key: or_none(value) for key, value in row.items()} for row in rows]}
         write_results(results, args.json)
         print(f"written to {args.json}", file=sys.stderr)

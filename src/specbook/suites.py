@@ -10,8 +10,8 @@ from dataclasses import replace
 
 from .bench import autoregressive, hugging_face_assisted, speculative
 from .drafters import (BlockwiseDrafter, Eagle3Drafter, EagleDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter,
-                       NGramDrafter, OuroborosDrafter, PromptLookupDrafter, SampledTreeDrafter, SelfSpeculativeDrafter,
-                       TopKTreeDrafter)
+                       NGramDrafter, OuroborosDrafter, PardDrafter, PromptLookupDrafter, SampledTreeDrafter,
+                       SelfSpeculativeDrafter, TopKTreeDrafter)
 from .drafters.glide import CaPE, GlideDrafter
 from .drafters.medusa import DEFAULT_TREE
 from .policies import ConfidenceStop, EntropyGuidedK, HeuristicK
@@ -172,6 +172,17 @@ def eagle3_rows(pair, eagle, heads: dict, sampler, max_new_tokens, k=4, vocab=No
     return [autoregressive(target, sampler, max_new_tokens, **path)] + [
         speculative(target, drafter, length, sampler, max_new_tokens, name=row, **path)
         for row, drafter, length in rows]
+
+
+def parallel_drafting(pair, pard, sampler, max_new_tokens, ks=(1, 2, 3, 4, 5, 6), pard_ks=(2, 3, 4, 5, 6, 8), **path):
+    """Chapter 6d's table: the draft model drafting K tokens with K calls, at each of ``ks``, against ``pard``, its
+    PARD adaptation (`specbook.drafters.pard`), drafting K with one call, at each of ``pard_ks``. ``path`` as for
+    `family`."""
+    target = pair.target
+    return [autoregressive(target, sampler, max_new_tokens, **path)] + [
+        speculative(target, pair.draft, k, sampler, max_new_tokens, name=f"draft model, k={k}", **path)
+        for k in ks] + [speculative(target, PardDrafter(pard), k, sampler, max_new_tokens, name=f"PARD, k={k}", **path)
+                        for k in pard_ks]
 
 
 TREE_SIZES = (4, 8, 16, 32, 48)  # the tree suite's budgets of nodes verified per call

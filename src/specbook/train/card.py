@@ -53,6 +53,7 @@ def write_card(out, work, log):
     card += heads_section(out, pair, prompts, valid_tokens)
     card += eagle3_section(out, pair, prompts, valid_tokens)
     card += exit_section(out, pair, prompts, valid_tokens)
+    card += pard_section(out, pair, prompts)
     (out / "README.md").write_text(card)
     print(card)
 
@@ -115,6 +116,32 @@ def eagle3_section(out, pair, prompts, valid_tokens):
         size_kb=(out / "eagle3" / "model.safetensors").stat().st_size / 1e3,
         layers=", ".join(map(str, head.feature_layers)), target_layers=pair.target.config.num_hidden_layers,
         accuracy_rows="\n".join(accuracy_rows), acceptance_rows="\n".join(acceptance_rows), prompts=len(prompts))
+
+
+def pard_section(out, pair, prompts):
+    """The model card's section on the PARD draft in ``out`` (`specbook.drafters.pard`), measured with ``pair``."""
+    if not (out / "pard" / "config.json").exists():
+        return "\n## PARD draft\n\nNot trained yet: `python -m specbook.train --stages pard,card`\n"
+    from ..bench import acceptance_by_position
+    from ..drafters import PardDrafter
+
+    pard = load_trained(out / "pard", "cpu")
+    meta = json.loads((out / "pard" / "training.json").read_text())
+    final = meta["log"][-1]
+    agreement_rows = [f"| {depth + 1} | {agree:.3f} | {kl:.3f} |"
+                      for depth, (agree, kl) in enumerate(zip(final["agreement"], final["kl_to_target"]))]
+    k = meta["depths"]
+    measured = {"draft model (K calls)": acceptance_by_position(pair.target, pair.draft, prompts, k=k),
+                "PARD (one call)": acceptance_by_position(pair.target, PardDrafter(pard), prompts, k=k)}
+    alpha_rows = [f"| {name} | " + " | ".join(f"{alpha:.2f}" if alpha is not None else "-"
+                                             for alpha in result["alpha_by_position"])
+                  + f" | {result['tokens_per_step']:.2f} |" for name, result in measured.items()]
+    return PARD_CARD.format(
+        steps=meta["step"], minutes=meta["seconds"] / 60, size_kb=(out / "pard" / "model.safetensors").stat().st_size / 1e3,
+        depths=k, mask=meta["mask_token"], mask_text=repr(pair.tokenizer.decode([meta["mask_token"]])),
+        ratio=meta["cod"]["ratio"], floor=meta["cod"]["floor"], agreement_rows="\n".join(agreement_rows),
+        positions=" | ".join(str(i) for i in range(1, k + 1)), rule="|".join(["---"] * (k + 2)),
+        alpha_rows="\n".join(alpha_rows), prompts=len(prompts))
 
 
 def exit_section(out, pair, prompts, valid_tokens):
@@ -284,4 +311,32 @@ chains of k = 4 (`specbook.bench.acceptance`).
 | exit head | agreement | α greedy | α sampled | tokens per target call |
 |---|---|---|---|---|
 {rows}
+"""
+
+
+PARD_CARD = """
+## PARD draft: K drafts from one call
+
+The draft model adapted by the `pard` stage to parallel drafting (`specbook.drafters.PardDrafter`; An et al.,
+"PARD", ICLR 2026): fed the context and K - 1 copies of a mask token, one call predicts K tokens, the j-th mask
+the token j + 1 ahead. Trained from the distilled draft ({steps} steps, {minutes:.0f} min, {size_kb:.0f} kB in
+float16) for up to K = {depths} on every context at every depth of each window at once, with Conditional
+Drop-token (depth c keeps max({ratio}^c, {floor}) of its positions) and the loss KL(q || p) to the target at
+each position. The mask token is id {mask} ({mask_text}), which the training text never produces; the
+config's `pard_token` names it, as vLLM reads it, and `pard_max_k` the largest K. Load it with
+`load_model("shakespeare", "pard")`.
+
+Teacher-forced on the held-out plays (`specbook.train.pard.agreement_by_depth`): for the j-th draft of a call,
+how often its best guess is the target's, and KL(q || p).
+
+| draft j | agreement | KL(q ‖ p) |
+|---|---|---|
+{agreement_rows}
+
+α at each draft position (accepted among the steps that reached it: `specbook.bench.acceptance_by_position`),
+greedy chains of K = {depths} along the {prompts} held-out prompts, 64 tokens each, and tokens per target call:
+
+| drafter | {positions} | tokens per call |
+|{rule}|
+{alpha_rows}
 """
