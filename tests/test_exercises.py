@@ -875,12 +875,36 @@ def _draft_distribution(scores, vocab, target_vocab, *, scatter=True, zeros_outs
     return out
 
 
+def _pard_mask(depths, n, *, flat=False, own_position=False, chain=True):
+    """PARD's training mask by hand (rows depth after depth, depth c at positions c .. n - 1), or with a reader's
+    mistake: causal over the whole layout, masks that see the text up to their own position, masks blind to their
+    chain."""
+    rows = [(depth, position) for depth in range(depths) for position in range(depth, n)]
+    if flat:
+        return torch.ones(len(rows), len(rows)).tril().bool()
+    mask = torch.zeros(len(rows), len(rows), dtype=torch.bool)
+    for i, (depth, position) in enumerate(rows):
+        for j, (key_depth, key_position) in enumerate(rows):
+            end = position if own_position else position - depth  # the row's context ends here
+            text = key_depth == 0 and key_position <= end
+            own = key_depth >= 1 and key_position - key_depth == position - depth and key_depth <= depth
+            mask[i, j] = text or (own if chain else i == j)
+    return mask
+
+
 REFERENCES.update({
+    "pard_mask": _pard_mask,
     "ttt_mask": _ttt_mask,
     "draft_distribution": _draft_distribution,
 })
 
 WRONG.update({
+    "pard_mask": {
+        "causal over the whole layout": lambda depths, n: _pard_mask(depths, n, flat=True),
+        "masks see the text up to their own position": lambda depths, n: _pard_mask(depths, n, own_position=True),
+        "masks blind to their chain": lambda depths, n: _pard_mask(depths, n, chain=False),
+        "transposed": lambda depths, n: _pard_mask(depths, n).T,
+    },
     "ttt_mask": {
         "causal over the unrolled sequence": lambda steps, n: _ttt_mask(steps, n, flat=True),
         "later steps blind to step 0": lambda steps, n: _ttt_mask(steps, n, causal=False) | torch.block_diag(
@@ -1207,6 +1231,10 @@ CHAPTER_6B_MESSAGES = [  # (checker, wrong answer, what its message must say)
 
 
 CHAPTER_6C_MESSAGES = [  # (checker, wrong answer, what its message must say)
+    ("pard_mask", "causal over the whole layout", "causal mask over the whole layout"),
+    ("pard_mask", "masks see the text up to their own position", "the text after it is what the draft must guess"),
+    ("pard_mask", "masks blind to their chain", "the masks of depths 1"),
+    ("pard_mask", "transposed", "transposed"),
     ("blockwise_accept", "every match counted, not the leading run", "not the leading run"),
     ("blockwise_accept", "the last token never checked", "last token is never compared"),
     ("blockwise_accept", "a bonus token added, k̂ + 1", "bonus token"),

@@ -13,7 +13,8 @@ import specbook.graphs
 import specbook.train.pard
 from specbook import PardDrafter, Sampler, autoregressive_generate, speculative_generate
 from specbook.drafters import Draft
-from specbook.train.pard import agreement_by_depth, kept_positions, layout, pard_loss, pard_predictions, unused_token
+from specbook.train.pard import (agreement_by_depth, greedy_windows, kept_positions, layout, pard_loss, pard_predictions,
+                                 text_windows, unused_token)
 
 from families import FAMILIES, VOCAB, hf_greedy, tiny_family_model
 from support import SAMPLERS, chi_square_p_value, tiny_model
@@ -85,7 +86,7 @@ def test_the_loss_and_held_out_agreement_run():
     loss = pard_loss(draft, target, 64, torch.Generator().manual_seed(0), 4, 0.7, inputs, None)
     loss.backward()
     assert loss.item() > 0 and draft.model.embed_tokens.weight.grad[64].abs().sum() > 0  # the mask learns
-    report = agreement_by_depth(draft, target, torch.randint(0, 64, (200,)), 64, depths=3, block=32, windows=4)
+    report = agreement_by_depth(draft, target, text_windows(torch.randint(0, 64, (200,)), 32, 4), 64, depths=3)
     assert len(report["agreement"]) == 3 and all(0 <= a <= 1 for a in report["agreement"])
     assert unused_token(torch.tensor([0, 1, 2, 4, 5]), 8) == 3
 
@@ -162,3 +163,12 @@ def test_bad_drafts_and_k_are_refused(pair):
         speculative_generate(target, PardDrafter(draft), torch.tensor([PROMPT]), 8, k=7, sampler=GREEDY)
     with pytest.raises(ValueError, match="drafts for one sequence at a time"):
         speculative_generate(target, PardDrafter(draft), torch.tensor([[1, 2], [3, 4]]), 4, sampler=GREEDY)
+
+
+def test_greedy_windows_are_the_targets_continuations():
+    target = tiny_model(seed=0)
+    windows = greedy_windows(target, torch.randint(0, 64, (100,), generator=torch.Generator().manual_seed(0)), 3, 12,
+                             prefix=4, batch=2)
+    assert windows.shape == (3, 12)
+    for row in windows:
+        assert autoregressive_generate(target, row[None, :4], 8, GREEDY).token_ids == row[4:].tolist()

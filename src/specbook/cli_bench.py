@@ -264,25 +264,31 @@ def run_pard(pair, args, path):
     """The draft model against its PARD adaptation (`specbook.suites.parallel_drafting`), greedy and sampled, on every
     kind of text of --categories (verse of plays the pair never trained on included); α at each draft position of
     both, on all the prompts, the draft model at K = 6 and PARD at its largest trained K; written as JSON."""
-    pard = load_model(pair.name, "pard", pair.target.device, pair.target.dtype)
+    pard, text = (load_model(pair.name, part, pair.target.device, pair.target.dtype) for part in ("pard", "pard-text"))
+    variants = {"PARD trained on the corpus": text}
     engine = _engine(pair, args)
     prompts = [pair.encode(text) for category in args.categories for text in CATEGORIES[category]]
     positions = {}
     for sampling, sampler in _samplings(args).items():
         for name, drafter, k in (("draft model", pair.draft, ALPHA_POSITIONS),
-                                 ("PARD", PardDrafter(pard), pard.config.pard_max_k)):
+                                 ("PARD", PardDrafter(pard), pard.config.pard_max_k),
+                                 *[(name, PardDrafter(model), model.config.pard_max_k)
+                                   for name, model in variants.items()]):
             measured = acceptance_by_position(pair.target, drafter, prompts, args.max_new_tokens, k, sampler, args.seed)
             positions.setdefault(name, {})[sampling] = measured
             print(f"{sampling}, {name}: α by position " + " ".join(f"{alpha:.2f}" if alpha is not None else "-"
                                                                 for alpha in measured["alpha_by_position"]))
     rows = _rows_by_category(pair, args, lambda sampler: [
-        parallel_drafting(pair, pard, sampler, args.max_new_tokens, **engine)])
+        parallel_drafting(pair, pard, sampler, args.max_new_tokens, variants=variants, **engine)])
     _print_speedups(rows, args, path)
     if args.json:
-        training = json.loads((assets_dir(pair.name) / "pard" / "training.json").read_text())
+        training = {part: json.loads((assets_dir(pair.name) / part / "training.json").read_text())
+                    for part in ("pard", "pard-text")}
         results = {"machine": machine(), **path, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
                    "sampled_temperature": _samplings(args)["sampled"].temperature, "categories": args.categories,
-                   "pard": {key: training[key] for key in ("mask_token", "depths", "cod", "seconds", "step")},
+                   "training": {part: {key: meta.get(key) for key in ("mask_token", "depths", "cod", "greedy_windows",
+                                                                       "seconds", "step")}
+                                for part, meta in training.items()},
                    "alpha_by_position": positions,
                    "rows": [{key: or_none(value) for key, value in row.items()} for row in rows]}
         write_results(results, args.json)

@@ -174,15 +174,17 @@ def eagle3_rows(pair, eagle, heads: dict, sampler, max_new_tokens, k=4, vocab=No
         for row, drafter, length in rows]
 
 
-def parallel_drafting(pair, pard, sampler, max_new_tokens, ks=(1, 2, 3, 4, 5, 6), pard_ks=(2, 3, 4, 5, 6, 8), **path):
+def parallel_drafting(pair, pard, sampler, max_new_tokens, ks=(1, 2, 3, 4, 5, 6), pard_ks=(2, 3, 4, 5, 6, 8),
+                      variants=None, **path):
     """Chapter 6d's table: the draft model drafting K tokens with K calls, at each of ``ks``, against ``pard``, its
-    PARD adaptation (`specbook.drafters.pard`), drafting K with one call, at each of ``pard_ks``. ``path`` as for
-    `family`."""
+    PARD adaptation (`specbook.drafters.pard`), drafting K with one call, at each of ``pard_ks``; then each PARD draft
+    of ``variants`` (name -> model: trained otherwise) at K = 4. ``path`` as for `family`."""
     target = pair.target
+    rows = [(f"draft model, k={k}", pair.draft, k) for k in ks]
+    rows += [(f"PARD, k={k}", PardDrafter(pard), k) for k in pard_ks]
+    rows += [(f"{name}, k=4", PardDrafter(model), 4) for name, model in (variants or {}).items()]
     return [autoregressive(target, sampler, max_new_tokens, **path)] + [
-        speculative(target, pair.draft, k, sampler, max_new_tokens, name=f"draft model, k={k}", **path)
-        for k in ks] + [speculative(target, PardDrafter(pard), k, sampler, max_new_tokens, name=f"PARD, k={k}", **path)
-                        for k in pard_ks]
+        speculative(target, drafter, k, sampler, max_new_tokens, name=name, **path) for name, drafter, k in rows]
 
 
 TREE_SIZES = (4, 8, 16, 32, 48)  # the tree suite's budgets of nodes verified per call

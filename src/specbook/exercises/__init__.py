@@ -19,8 +19,8 @@ Tests and tools can ask for the verdict instead of the printout: ``check_residua
 returns an :class:`Outcome` (passed, message). `CHECKS` lists every checker by name. One module
 per chapter holds its checkers (`ch01` … `ch07`, `ch04b`, `ch06b`, `ch06c`; chapter 6's are split between `ch06`,
 building a tree, and `ch06_verification`, verifying one, chapter 6b's between `ch06b` and `ch06b_eagle3`, EAGLE-3's
-mask and vocabulary); `core` holds the machinery they share and `tiny` the tiny
-models of the decoding exercises.
+mask and vocabulary, chapter 6c's between `ch06c` and `ch06c_pard`, PARD's training mask); `core` holds the
+machinery they share and `tiny` the tiny models of the decoding exercises.
 
 Notation as everywhere in the book: q is the target's distribution (`target_probs`), p the
 draft's (`draft_probs`), K the draft length (`k`), alpha the acceptance rate and c the cost ratio
@@ -43,6 +43,7 @@ from .ch06_verification import check_no_residual_output, check_tree_tokens_per_c
 from .ch06b import check_collect_ngrams, check_jacobi_step, check_self_speculative_speedup, check_window_parents
 from .ch06b_eagle3 import check_draft_distribution, check_ttt_mask
 from .ch06c import check_blockwise_accept, check_cape_siblings, check_multi_token_loss, check_phrases_after
+from .ch06c_pard import check_pard_mask
 from .ch07 import check_accept_rows, check_batch_k, check_left_pad, check_row_positions
 from .core import FAIL, PASS, Case, Check, Outcome
 
@@ -59,7 +60,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     check_no_residual_output, check_tree_tokens_per_call,
     check_jacobi_step, check_window_parents, check_collect_ngrams, check_self_speculative_speedup,
     check_ttt_mask, check_draft_distribution,
-    check_blockwise_accept, check_multi_token_loss, check_cape_siblings, check_phrases_after,
+    check_blockwise_accept, check_multi_token_loss, check_cape_siblings, check_phrases_after, check_pard_mask,
     check_left_pad, check_row_positions, check_accept_rows, check_batch_k,
 )}
 

@@ -73,6 +73,10 @@ def main(argv=None):
     parser.add_argument("--pard-ratio", type=float, default=RATIO,
                         help="COD's keep ratio r (depth c keeps max(r^c, 0.2) of its positions); 1 for no drop "
                              "(default: %(default)s)")
+    parser.add_argument("--pard-greedy", type=int, default=512,
+                        help="train the PARD draft on this many windows of the target's greedy continuations of "
+                             "corpus stretches, 0 on the corpus itself (default: %(default)s; the built-in "
+                             "pard-text was trained with 0)")
     parser.add_argument("--pard-dir", default=None,
                         help="where the PARD draft is saved (default: --out/pard, the built-in one; another folder "
                              "keeps a variant, such as the one trained without COD)")
@@ -266,7 +270,7 @@ def main(argv=None):
         saved = Path(args.pard_dir) if args.pard_dir else out / "pard"
         state = train_pard(draft, load_trained(out / "target", args.device).requires_grad_(False), train_tokens,
                            valid_tokens, config, work / f"ckpt-{saved.name}", args.device, args.pard_depths,
-                           args.pard_ratio)
+                           args.pard_ratio, args.pard_greedy)
         save_model(draft, saved, {"config": asdict(config), "hardware": hardware, **state})
     if "card" in stages:
         from ..bench import machine

@@ -90,15 +90,20 @@ def pard_loss(draft, target, mask_token, generator, depths, ratio, inputs, targe
     return _kl(teacher, logits)
 
 
+def text_windows(tokens: torch.Tensor, block: int, count: int = 16) -> torch.Tensor:
+    """The first ``count`` consecutive windows (count, block) of ``tokens``."""
+    count = min(count, len(tokens) // block)
+    return tokens[: count * block].view(count, block)
+
+
 @torch.no_grad()
-def agreement_by_depth(draft, target, tokens: torch.Tensor, mask_token: int, depths: int = DEPTHS,
-                       block: int = 256, windows: int = 16) -> dict:
-    """On consecutive held-out windows of ``tokens``, every position at every depth (no drop): per depth c, the
-    share of rows where the draft's argmax is the target's (a greedy draft c + 1's chance of matching, given the
-    text before it), and KL(q || p)."""
+def agreement_by_depth(draft, target, windows: torch.Tensor, mask_token: int, depths: int = DEPTHS) -> dict:
+    """On held-out ``windows`` (count, block), every position at every depth (no drop): per depth c, the share of rows
+    where the draft's argmax is the target's (a greedy draft c + 1's chance of matching, given the window before
+    it), and KL(q || p)."""
     draft.eval()
-    count = min(windows, (len(tokens) - 1) // block)
-    inputs = torch.stack([tokens[i * block:(i + 1) * block] for i in range(count)]).to(next(draft.parameters()).device)
+    count, block = windows.shape
+    inputs = windows.to(next(draft.parameters()).device)
     agree, kl = [[] for _ in range(depths)], [[] for _ in range(depths)]
     for start in range(0, count, 4):
         logits, teacher, depth = pard_predictions(draft, target, inputs[start:start + 4],
@@ -113,16 +118,52 @@ def agreement_by_depth(draft, target, tokens: torch.Tensor, mask_token: int, dep
             "kl_to_target": [round(sum(values) / len(values), 4) for values in kl]}
 
 
-def train_pard(draft, target, train_tokens, valid_tokens, config, ckpt_dir, device, depths=DEPTHS, ratio=RATIO):
+@torch.no_grad()
+def greedy_windows(target, tokens: torch.Tensor, count: int, block: int, prefix: int = 32, seed: int = 0,
+                   batch: int = 64) -> torch.Tensor:
+    """``count`` windows (count, block): a random stretch of ``prefix`` tokens of ``tokens``, then the target's greedy
+    continuation -- the text a greedy verifier accepts, on which a token two or more ahead is a function of the
+    context (the target's argmax, unrolled), where on the corpus it is a guess. Decoded as batches."""
+    from ..decoding import autoregressive_generate
+    from ..sampling import Sampler
+
+    generator = torch.Generator().manual_seed(seed)
+    windows = []
+    for start in range(0, count, batch):
+        starts = torch.randint(0, len(tokens) - prefix, (min(batch, count - start),), generator=generator)
+        prompts = torch.stack([tokens[s:s + prefix] for s in starts.tolist()]).to(target.device)
+        continued = autoregressive_generate(target, prompts, block - prefix, Sampler(0),
+                                            attention_mask=torch.ones_like(prompts)).token_ids  # (rows, block - prefix)
+        windows.append(torch.cat([prompts.cpu(), torch.tensor(continued)], 1))
+    return torch.cat(windows)
+
+
+def window_batches(windows: torch.Tensor, batch_size: int, generator: torch.Generator):
+    """Endless batches of ``windows`` (count, block) drawn at random: (inputs, targets), the targets unused."""
+    while True:
+        rows = windows[torch.randint(0, len(windows), (batch_size,), generator=generator)]
+        yield rows, rows
+
+
+def train_pard(draft, target, train_tokens, valid_tokens, config, ckpt_dir, device, depths=DEPTHS, ratio=RATIO,
+               greedy=0):
     """Adapt ``draft`` (a causal LM, trained in place) into a PARD draft of ``depths`` drafts a call for ``target``
-    (frozen); ``ratio`` 1 trains without COD. Returns the training state, with the mask token; the draft's config
-    gets ``pard_token`` and ``pard_max_k``."""
+    (frozen); ``ratio`` 1 trains without COD. ``greedy``: train on that many windows of the target's greedy
+    continuations (`greedy_windows`) instead of the corpus. Returns the training state, with the mask token; the
+    draft's config gets ``pard_token`` and ``pard_max_k``."""
     mask_token = unused_token(torch.cat([train_tokens, valid_tokens]), draft.config.vocab_size)
     draft.config.update({PARD_TOKEN: mask_token, PARD_MAX_K: depths})
     target.to(device)
     generator = torch.Generator().manual_seed(config.seed + 1)  # the drop pattern (a resumed run draws anew)
     loss = partial(pard_loss, draft, target, mask_token, generator, depths, ratio)
-    held_out = partial(agreement_by_depth, draft, target, valid_tokens, mask_token, depths, config.block_size)
+    held_out = text_windows(valid_tokens, config.block_size)
+    data = None
+    if greedy:  # trained and held out on the target's greedy continuations
+        windows = greedy_windows(target, train_tokens, greedy, config.block_size, seed=config.seed)
+        data = partial(window_batches, windows, config.batch_size)
+        held_out = greedy_windows(target, valid_tokens, len(held_out), config.block_size, seed=config.seed)
+    held_out = partial(agreement_by_depth, draft, target, held_out, mask_token, depths)
     state = train_model(draft, train_tokens, valid_tokens, config, ckpt_dir, device, desc="pard", loss_fn=loss,
-                        evaluate_fn=held_out)
-    return {**state, "mask_token": mask_token, "depths": depths, "cod": {"ratio": ratio, "floor": FLOOR}}
+                        evaluate_fn=held_out, data=data)
+    return {**state, "mask_token": mask_token, "depths": depths, "cod": {"ratio": ratio, "floor": FLOOR},
+            "greedy_windows": greedy}
