@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from .bench import BOOK_CATEGORIES, CATEGORIES
+from .bench import ALL_CATEGORIES, CATEGORIES
 from .cli_bench import (run_batch, run_costs, run_eagle3, run_family, run_gpu, run_pard, run_profile, run_seq2seq,
                         run_table, run_trees, target_path)
 from .costs import CPU_SCALE, PAIRS
@@ -108,7 +108,7 @@ def bench(args):
     if args.suite == "costs":  # builds the real pairs' shapes itself: no pair to load
         return run_costs(args)
     if args.categories is None:
-        args.categories = list(CATEGORIES) if args.suite == "pard" else list(BOOK_CATEGORIES)
+        args.categories = list(ALL_CATEGORIES if args.suite == "pard" else CATEGORIES)
     if args.suite in ("heads", "family", "eagle3", "pard") and (args.target or args.draft
                                                          or args.pair not in (None, *WITH_HEADS)):
         raise ValueError(f"--suite {args.suite} needs a built-in pair (--pair shakespeare, the default): its heads "
@@ -235,9 +235,9 @@ def main(argv=None):
     ben.add_argument("--batch-sizes", type=lambda text: [_positive_int(b) for b in text.split(",")],
                      default=[1, 2, 4, 8, 16, 32], help="--suite batch: the batch sizes (default: 1,2,4,8,16,32)")
     ben.add_argument("--prompts", choices=["open", "grounded", "both"], default="both")
-    ben.add_argument("--categories", type=lambda text: _choices(text, CATEGORIES), default=None,
-                     help=f"--suite family, eagle3, pard and trees: the kinds of text, of {','.join(CATEGORIES)} "
-                          f"(default: {','.join(BOOK_CATEGORIES)}; for pard all of them)")
+    ben.add_argument("--categories", type=lambda text: _choices(text, ALL_CATEGORIES), default=None,
+                     help=f"--suite family, eagle3, pard and trees: the kinds of text, of {','.join(ALL_CATEGORIES)} "
+                          f"(default: {','.join(CATEGORIES)}; for pard all of them)")
     ben.add_argument("--ks", type=lambda text: [_positive_int(k) for k in text.split(",")], default=[1, 2, 3, 4, 6],
                      help="draft lengths (default: 1,2,3,4,6; the ablation sweeps the model drafter over them "
                           "and gives the lookup drafters the largest; the heads suite uses the largest)")

@@ -13,7 +13,7 @@ import torch
 
 from . import graphs
 from .batch_bench import batch_suite, report
-from .bench import CATEGORIES, PROMPT_SETS, acceptance_by_position, machine, run_benchmark
+from .bench import ALL_CATEGORIES, PROMPT_SETS, acceptance_by_position, machine, run_benchmark
 from .costs import CPU_SCALE, cost_probe
 from .costs import report as costs_report
 from .decoder import forward_name
@@ -149,7 +149,7 @@ def _rows_by_category(pair, args, groups_for, samplings=None) -> list[dict]:
     for sampling, sampler in (samplings or _samplings(args)).items():
         groups = groups_for(sampler)
         for category, methods in ((category, methods) for category in args.categories for methods in groups):
-            prompts = [pair.encode(text) for text in CATEGORIES[category]]
+            prompts = [pair.encode(text) for text in ALL_CATEGORIES[category]]
             for row in run_benchmark(methods, prompts, args.repeats, args.seed):
                 if sampling == "greedy" and not row["same_tokens"]:
                     raise AssertionError(f"{row['method']} changed the greedy output on the {category} prompts")
@@ -235,7 +235,7 @@ def run_eagle3(pair, args, path):
     heads = eagle3_heads(pair, args.eagle3_variants)
     built_in_name, built_in = next(iter(heads.items()))
     reduced = built_in.with_vocabulary(args.eagle3_vocab)
-    prompts = [pair.encode(text) for category in args.categories for text in CATEGORIES[category]]
+    prompts = [pair.encode(text) for category in args.categories for text in ALL_CATEGORIES[category]]
     positions = {}
     for sampling, sampler in _samplings(args).items():
         for name, drafter in [("EAGLE", EagleDrafter(pair.target, eagle))] + [
@@ -267,7 +267,7 @@ def run_pard(pair, args, path):
     pard, text = (load_model(pair.name, part, pair.target.device, pair.target.dtype) for part in ("pard", "pard-text"))
     variants = {"PARD trained on the corpus": text}
     engine = _engine(pair, args)
-    prompts = [pair.encode(text) for category in args.categories for text in CATEGORIES[category]]
+    prompts = [pair.encode(text) for category in args.categories for text in ALL_CATEGORIES[category]]
     positions = {}
     for sampling, sampler in _samplings(args).items():
         for name, drafter, k in (("draft model", pair.draft, ALPHA_POSITIONS),

@@ -141,7 +141,11 @@ def pard_section(out, pair, prompts):
         depths=k, mask=meta["mask_token"], mask_text=repr(pair.tokenizer.decode([meta["mask_token"]])),
         ratio=meta["cod"]["ratio"], floor=meta["cod"]["floor"], agreement_rows="\n".join(agreement_rows),
         positions=" | ".join(str(i) for i in range(1, k + 1)), rule="|".join(["---"] * (k + 2)),
-        alpha_rows="\n".join(alpha_rows), prompts=len(prompts))
+        alpha_rows="\n".join(alpha_rows), prompts=len(prompts),
+        data=f"{meta['greedy_windows']} windows of the target's greedy continuations of stretches of the corpus"
+        if meta.get("greedy_windows") else "the corpus",
+        held_out="the target's greedy continuations of stretches of the held-out plays, as it was trained"
+        if meta.get("greedy_windows") else "the held-out plays")
 
 
 def exit_section(out, pair, prompts, valid_tokens):
@@ -320,14 +324,14 @@ PARD_CARD = """
 The draft model adapted by the `pard` stage to parallel drafting (`specbook.drafters.PardDrafter`; An et al.,
 "PARD", ICLR 2026): fed the context and K - 1 copies of a mask token, one call predicts K tokens, the j-th mask
 the token j + 1 ahead. Trained from the distilled draft ({steps} steps, {minutes:.0f} min, {size_kb:.0f} kB in
-float16) for up to K = {depths} on every context at every depth of each window at once, with Conditional
+float16) for up to K = {depths} on {data}, every context at every depth of a window at once, with Conditional
 Drop-token (depth c keeps max({ratio}^c, {floor}) of its positions) and the loss KL(q || p) to the target at
 each position. The mask token is id {mask} ({mask_text}), which the training text never produces; the
 config's `pard_token` names it, as vLLM reads it, and `pard_max_k` the largest K. Load it with
 `load_model("shakespeare", "pard")`.
 
-Teacher-forced on the held-out plays (`specbook.train.pard.agreement_by_depth`): for the j-th draft of a call,
-how often its best guess is the target's, and KL(q || p).
+Teacher-forced on {held_out} (`specbook.train.pard.agreement_by_depth`): for the j-th draft of a call, how
+often its best guess is the target's, and KL(q || p).
 
 | draft j | agreement | KL(q ‖ p) |
 |---|---|---|

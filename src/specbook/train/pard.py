@@ -51,8 +51,9 @@ def kept_positions(n: int, depths: int, ratio: float = RATIO, floor: float = FLO
         candidates = candidates[candidates < n]
         candidates = candidates[candidates >= depth]
         count = min(len(candidates), int(n * max(ratio ** depth, floor)))
-        chosen = candidates[torch.randperm(len(candidates), generator=generator)[:count]]
-        kept.append(chosen.sort().values)
+        if count < len(candidates):  # a drop: drawn from ``generator`` (no draw where all are kept)
+            candidates = candidates[torch.randperm(len(candidates), generator=generator)[:count]].sort().values
+        kept.append(candidates)
     return kept
 
 
