@@ -183,9 +183,10 @@ def run_family(pair, args, path):
              for part in ("glide", "glide-control")}
     mtp_target, mtp_heads = load_mtp(pair.name, pair.target)
     eagle3 = Eagle3Head.from_pretrained(pair.name, pair.target)
+    pard = load_model(pair.name, "pard", pair.target.device, pair.target.dtype)
     engine = _engine(pair, args)
     rows = _rows_by_category(pair, args, lambda sampler: [
-        family(pair, *heads, sampler, args.max_new_tokens, args.k, **glide, eagle3=eagle3, **engine),
+        family(pair, *heads, sampler, args.max_new_tokens, args.k, **glide, eagle3=eagle3, pard=pard, **engine),
         multi_token(mtp_target, mtp_heads, sampler, args.max_new_tokens, **engine)])  # its own baseline
     _print_speedups(rows, args, path)
     if args.json:

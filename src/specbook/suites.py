@@ -104,7 +104,7 @@ EAGLE2_TREE = DynamicTree(5, 3, 16)  # EAGLE-2's dynamic tree in the family: dep
 
 
 def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4, glide=None, glide_control=None, eagle3=None,
-           **path):
+           pard=None, **path):
     """Chapter 6's comparison of every method the book runs, on one target: each drafter at the setting
     the book found good for it. Chains draft up to ``k``; every static tree is Medusa's 16-node tree
     (`DEFAULT_TREE`, depth 4), every dynamic one EAGLE-2's (depth 5, width 3, 16 nodes); lookahead
@@ -117,7 +117,8 @@ def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4, glide=N
     pool warm from the runs before); and, given ``glide`` (a `specbook.glide.GlideForCausalLM` for
     ``pair.target``) and ``glide_control`` (the same draft trained the same way without
     cross-attention), GliDe's chain, GliDe with CaPE and the control's chain; given ``eagle3`` (a
-    `specbook.eagle3.Eagle3Head` for ``pair.target``), EAGLE-3's chain and dynamic tree. Multi-token prediction
+    `specbook.eagle3.Eagle3Head` for ``pair.target``), EAGLE-3's chain and dynamic tree; given ``pard`` (a PARD
+    draft, `specbook.drafters.PardDrafter`), its chain of ``k`` from one call. Multi-token prediction
     changes the target, so its rows have a baseline of their own (`multi_token`). ``path``: the engine's
     ``cache`` and ``compile`` for every row (``cache="static"``: the GPU path).
     """
@@ -146,6 +147,8 @@ def family(pair, medusa, eagle, exit_head, sampler, max_new_tokens, k=4, glide=N
         rows.append((f"blockwise, blocks of {medusa.num_heads + 1}", BlockwiseDrafter(target, medusa),
                      medusa.num_heads))
     rows.append(("Ouroboros, chain + phrases", OuroborosDrafter(pair.draft, phrase_length=3, chain=k), k + 3))
+    if pard is not None:
+        rows.append(("PARD, chain", PardDrafter(pard), k))
     if glide is not None:
         rows += [("GliDe, chain", GlideDrafter(glide), k), ("GliDe + CaPE", GlideDrafter(glide, cape=CaPE()), k),
                  ("GliDe's control (no cross-attention), chain", glide_control, k)]
