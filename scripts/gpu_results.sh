@@ -66,7 +66,7 @@ wanted profile && step profile 30 $python -m specbook bench --suite profile --de
 wanted trees && step trees 45 $python -m specbook bench --suite trees --gpu-path --device cuda --dtype bfloat16 \
     --categories open,repetitive --max-new-tokens 48 --repeats 2 --json "$out/trees-gpu.json"
 wanted batch && step batch 25 $python scripts/batch_speed.py --device cuda --dtype bfloat16 --caches dynamic,static \
-    --batch-sizes 1,4,16,32 --rounds 3
+    --batch-sizes 1,4,16,32 --tokens 32 --rounds 2
 wanted family && step family 150 $python -m specbook bench --suite family --gpu-path --device cuda --dtype bfloat16 \
     --repeats 1 --json "$out/family-gpu.json"
 wanted compiled && step builtin-compiled 200 $python -m specbook bench --suite gpu --device cuda --dtype bfloat16 \
