@@ -83,7 +83,7 @@ def test_the_family_suite_runs_every_method_on_the_gpu_path(tmp_path, monkeypatc
     results = _on_the_gpu_path("family", tmp_path, monkeypatch, 12)
     assert results["gpu_path"]
     greedy = [row for row in results["rows"] if row["sampling"] == "greedy"]
-    assert len(greedy) == 20 + 2 and all(row["same_tokens"] for row in greedy)
+    assert len(greedy) == 21 + 2 and all(row["same_tokens"] for row in greedy)
 
 
 def test_the_gpu_suite_writes_a_results_file(tmp_path, capsys, monkeypatch):
@@ -118,9 +118,10 @@ def test_the_family_suite_writes_one_row_per_method_category_and_sampling(tmp_pa
     results = json.loads(out.read_text())
     rows = results["rows"]
     assert results["k"] == 4 and {row["k"] for row in rows if row["method"] == "draft model, chain"} == {4}  # the book's K
-    # AR and 19 methods greedy (blockwise and EAGLE-3's two among them), 18 sampled; the MTP model and its heads
-    assert len(rows) == 20 + 19 + 2 * 2
-    assert {"EAGLE-3, chain", "EAGLE-3, dynamic 16-node tree"} <= {row["method"] for row in rows}
+    # AR and 20 methods greedy (blockwise, EAGLE-3's two and PARD's chain among them), 19 sampled; the MTP model and
+    # its heads
+    assert len(rows) == 21 + 20 + 2 * 2
+    assert {"EAGLE-3, chain", "EAGLE-3, dynamic 16-node tree", "PARD, chain"} <= {row["method"] for row in rows}
     assert {row["method"] for row in rows if row["sampling"] == "greedy"} - \
         {row["method"] for row in rows if row["sampling"] == "sampled"} == {"blockwise, blocks of 5"}
     assert {"method", "category", "sampling", "tokens_per_call", "speedup_vs_ar", "same_tokens",
