@@ -172,3 +172,12 @@ def test_greedy_windows_are_the_targets_continuations():
     assert windows.shape == (3, 12)
     for row in windows:
         assert autoregressive_generate(target, row[None, :4], 8, GREEDY).token_ids == row[4:].tolist()
+
+
+def test_keep_drafting_is_asked_in_order_until_it_stops(pair):
+    """As a drafting loop asks a policy: after each draft, and no more once it says stop."""
+    _, draft = pair
+    drafter, asked = PardDrafter(draft), []
+    drafter.start(torch.tensor([PROMPT]))
+    proposal = drafter.propose(5, GREEDY, None, lambda probs: asked.append(probs) or len(asked) < 2)
+    assert len(asked) == 2 and len(proposal) == 2 and drafter.calls == 1

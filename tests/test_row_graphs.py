@@ -131,6 +131,11 @@ def test_bad_calls_on_a_static_cache(pair):
         rows.claim(2)
     with pytest.raises(ValueError, match="lengths must be at most 2 counts in \\[0, 8\\]"):
         rows.set_lengths([1, 9])
+    wide = StaticRows(4, 1, 1, 4, 8, [None], torch.float32, "cpu")
+    wide.reset(2)  # two rows in use of four: a rollback counts the rows in use
+    wide.set_lengths([3, 2])
+    wide.rollback([1, 2])
+    assert wide.lengths == [2, 0] and wide.length.tolist() == [2, 0, 0, 0]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

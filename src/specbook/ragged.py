@@ -92,6 +92,12 @@ class SlotRows(SlotCache):
         self.windows, self.static, self.known = windows, False, None
         self.lengths, self.layout = [0] * rows, None
 
+    @classmethod
+    def for_decoder(cls, decoder, rows: int, max_length: int):
+        """An empty cache of ``rows`` rows of ``max_length`` slots for ``decoder`` (a `specbook.decoder.Decoder`)."""
+        return cls(rows, len(decoder.layers), decoder.kv_heads, decoder.head_dim, max_length, decoder.windows,
+                   decoder.dtype, decoder.device)
+
     def _hold(self, kv: torch.Tensor) -> None:
         self.kv = kv  # (layers, rows, 2 KV, max_length, d)
         self.keys, self.values = kv.chunk(2, 2)  # (layers, rows, KV, max_length, d) each: views
@@ -162,7 +168,7 @@ class SlotRows(SlotCache):
 
     def rollback(self, num_tokens) -> None:
         """Forget the last ``num_tokens[r]`` tokens of each row r (a list)."""
-        if len(num_tokens) != self.rows or min(num_tokens) < 0 or any(
+        if len(num_tokens) != len(self.lengths) or min(num_tokens) < 0 or any(
                 n > length for n, length in zip(num_tokens, self.lengths)):
             raise ValueError(f"num_tokens must hold, per row, a count in [0, its length {self.lengths}] "
                              f"(got {list(num_tokens)})")
@@ -264,8 +270,7 @@ class SlotRowsCache(RowsCache):
 
     def __init__(self, decoder, rows: int, max_length: int):
         super().__init__(rows)
-        self.decoder, self.cache = decoder, SlotRows(rows, len(decoder.layers), decoder.kv_heads, decoder.head_dim,
-                                                     max_length, decoder.windows, decoder.dtype, decoder.device)
+        self.decoder, self.cache = decoder, SlotRows.for_decoder(decoder, rows, max_length)
 
     def __call__(self, tokens: torch.Tensor, new_visible: torch.Tensor, **options):
         self.visible = torch.cat([self.visible, new_visible.cpu()], 1)  # (B, L + m)

@@ -48,10 +48,8 @@ class StaticRowsModel:
 
     def __init__(self, model, max_length: int, capacity: int):
         self.model, self.decoder = model, _served(model)
-        decoder = self.decoder
-        decoder._tables(max_length)
-        self.cache = StaticRows(capacity, len(decoder.layers), decoder.kv_heads, decoder.head_dim, max_length,
-                                decoder.windows, decoder.dtype, decoder.device)
+        self.decoder._tables(max_length)  # the rotary table a graph reads, made before any capture
+        self.cache = StaticRows.for_decoder(self.decoder, capacity, max_length)
         self.graphs = {}  # (bucket, width, keep) -> (graph, its buffers); graph.output: logits (bucket, keep, vocab)
         self.pool = torch.cuda.graph_pool_handle() if model.device.type == "cuda" else None
 

@@ -82,9 +82,8 @@ class PardDrafter(ModelDrafter):
         logits = logits[:, : self.vocab_size]
         tokens, probs = sampler.pick(logits, generator)  # (k,); (k, vocab) or None (greedy)
         self.masks = k - 1
-        if keep_drafting is not None:
-            confident = [keep_drafting(row.float().softmax(-1)) for row in logits]
-            kept = next((i + 1 for i, keep in enumerate(confident) if not keep), k)
+        if keep_drafting is not None:  # asked in order, until it says stop (as a drafting loop asks it)
+            kept = next((i + 1 for i, row in enumerate(logits) if not keep_drafting(row.float().softmax(-1))), k)
             tokens, probs = tokens[:kept], None if probs is None else probs[:kept]
         self.calls += 1
         self.proposed = tokens
