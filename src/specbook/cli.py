@@ -1,4 +1,4 @@
-"""The command line: ``python -m specbook generate | bench | chat``.
+"""The command line: ``python -m specbook generate | bench | chat | export``.
 
     python -m specbook generate "ROMEO:\\n" --k 4 --trace
     python -m specbook bench --prompts grounded --ks 1,2,4,6 --out bench.csv
@@ -13,6 +13,7 @@
     python -m specbook bench --suite batch --batch-sizes 1,2,4,8,16,32 --json results/batch.json
     python -m specbook bench --suite costs --device cuda --ks 8 --repeats 20 --json results/costs.json
     python -m specbook chat
+    python -m specbook export --out served/
 
 This module holds the options, ``generate``, ``chat`` and the checks ``bench`` makes before a suite runs;
 the suites themselves run in `specbook.cli_bench`.
@@ -30,6 +31,7 @@ from .cli_bench import (run_batch, run_costs, run_eagle3, run_family, run_gpu, r
 from .costs import CPU_SCALE, PAIRS
 from .decoding import autoregressive_generate, speculative_generate
 from .drafters import ModelDrafter
+from .export import SERVED, export_pair
 from .heads import WITH_HEADS
 from .models import load_pair
 from .sampling import Sampler
@@ -190,6 +192,15 @@ def chat(args, input_fn=input):
             _report(generation, pair, settings["trace"])
 
 
+def export(args):
+    folders = export_pair(args.out, args.pair or "shakespeare", args.models)
+    for model, folder in folders.items():
+        print(f"{model}: {folder}")
+    if {"target", "draft"} <= set(folders):
+        print(f"\nvLLM: LLM(model={str(folders['target'])!r}, dtype='float32', speculative_config={{'method': "
+              f"'draft_model', 'model': {str(folders['draft'])!r}, 'num_speculative_tokens': 4}})")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m specbook", description="Speculative decoding from the shell.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -275,10 +286,16 @@ def main(argv=None):
     cha = commands.add_parser("chat", help="an interactive loop; /help inside lists the commands")
     _add_model_options(cha)
     _add_sampling_options(cha)
+    exp = commands.add_parser("export", help="write the pair and its drafters in the folders vLLM and SGLang load")
+    exp.add_argument("--out", required=True, help="the folder to write, one subfolder a model")
+    exp.add_argument("--pair", default=None, help="built-in pair name, or a folder specbook.train wrote "
+                                                  "(default: shakespeare)")
+    exp.add_argument("--models", type=lambda text: text.split(","), default=list(SERVED),
+                     help=f"which models (default: {','.join(SERVED)})")
     args = parser.parse_args(argv)
     try:
         with torch.inference_mode():
-            {"generate": generate, "bench": bench, "chat": chat}[args.command](args)
+            {"generate": generate, "bench": bench, "chat": chat, "export": export}[args.command](args)
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
 
