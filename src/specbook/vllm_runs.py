@@ -14,6 +14,8 @@ accepted tokens, and accepted tokens by draft position.
 """
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -120,6 +122,7 @@ def check_port(port: int) -> None:
     if not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535:
         raise ValueError(f"port must be an integer in [1024, 65535] (got {port!r})")
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: a closed one's port is free
         try:
             probe.bind(("127.0.0.1", port))
         except OSError as error:
@@ -144,7 +147,7 @@ def serve(folders: dict, method: str = "autoregressive", k: int = 4, port: int =
         command += ["--speculative-config", json.dumps(options["speculative_config"])]
     log_path = Path(log) if log is not None else None
     output = open(log_path, "w") if log_path is not None else subprocess.DEVNULL
-    server = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -156,12 +159,12 @@ def serve(folders: dict, method: str = "autoregressive", k: int = 4, port: int =
                                    f"\n{tail}")
             time.sleep(1)
         yield url
-    finally:
-        server.terminate()
+    finally:  # the server and its engine core, a process group of their own
+        os.killpg(server.pid, signal.SIGTERM)
         try:
             server.wait(30)
         except subprocess.TimeoutExpired:
-            server.kill()
+            os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         if log_path is not None:
             output.close()
