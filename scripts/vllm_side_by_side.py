@@ -20,6 +20,7 @@ margin between the target's two top logits there where they do not.
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import tempfile
@@ -37,6 +38,9 @@ from specbook.vllm_runs import (concurrent_requests, counts_between, first_diffe
                                 require_vllm, serve, server_counts, spec_counts)
 
 GREEDY = Sampler(0)
+# vLLM's CPU backend reads these (its CPU installation guide): unset, it binds its model to all cores but one,
+# which it leaves to its front end, and allocates with the system's malloc and the GNU OpenMP.
+VLLM_CPU_SETTINGS = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "LD_PRELOAD", "OMP_NUM_THREADS")
 
 
 def options():
@@ -197,7 +201,7 @@ def main():
     prompts = [pair.encode(text)[0].tolist() for text in texts]
     many_texts = batch_prompts(max(args.concurrency))
     many = [pair.encode(text)[0].tolist() for text in many_texts]
-    started = time.perf_counter()
+    started, commit = time.perf_counter(), project_commit()  # the code the run starts with
     rows, reference = package_rows(pair, prompts, args)
     many_reference = [autoregressive_generate(pair.target, torch.tensor([ids]), args.new_tokens, GREEDY).token_ids
                       for ids in many]
@@ -206,10 +210,11 @@ def main():
         folders = export_pair(folder)
         rows += vllm_offline_rows(pair, folders, prompts, reference, args)
         rows += vllm_server_rows(pair, folders, many, many_reference, args)
-    record = {"cpu": cpu_model(), "machine": machine(), "project_commit": project_commit(),
+    record = {"cpu": cpu_model(), "machine": machine(), "project_commit": commit,
               "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
               "vllm": vllm.__version__, "target_forward": "specbook.decoder", "new_tokens": args.new_tokens,
               "rounds": args.rounds, "prompts": texts, "concurrency_prompts": len(many), "vllm_compiled": not args.eager,
+              "vllm_cpu_settings": {name: os.environ.get(name) for name in VLLM_CPU_SETTINGS},
               "minutes": (time.perf_counter() - started) / 60, "rows": rows}
     with open(args.json, "w") as file:
         json.dump(record, file, indent=1)

@@ -244,6 +244,7 @@ RECORDED_BY = {  # results/<name>: the command that records it, from the reposit
                   "--json results/batch.json",
     "seq2seq.json": "python -m specbook bench --suite seq2seq --json results/seq2seq.json",
     "pard.json": "python -m specbook bench --suite pard --json results/pard.json",
+    "vllm.json": "make vllm-env && .venv-vllm/bin/python scripts/vllm_side_by_side.py --json results/vllm.json",
 }
 
 
