@@ -1,4 +1,4 @@
-"""Record results/vllm.json: the book's engine beside vLLM on this machine, on the same prompts (chapter 7, §7.10).
+"""Record results/vllm.json: the book's engine beside vLLM on this machine, on the same prompts (chapter 7, §7.11).
 
     make vllm-env
     .venv-vllm/bin/python scripts/vllm_side_by_side.py --json results/vllm.json
@@ -6,9 +6,9 @@
 Three phases, one after the other on a quiet machine (each engine alone: vLLM's engine core polls while it waits,
 so nothing of the package is timed while a vLLM engine lives):
 
-1. **The package**, one request at a time: autoregressive decoding, the draft model at each K, prompt lookup and
-   PARD, interleaved prompt by prompt over the rounds; then batches of B rows (B = each --concurrency) over the
-   concurrency prompts, autoregressive and the draft model at K = 4.
+1. **The package**, one request at a time: autoregressive decoding, the draft model at each K, prompt lookup,
+   PARD and the EAGLE-3 head's chain, interleaved prompt by prompt over the rounds; then batches of B rows (B =
+   each --concurrency) over the concurrency prompts, autoregressive and the draft model at K = 4.
 2. **vLLM offline** (``vllm.LLM``), one engine per method and K, compiled (its default), each prompt alone.
 3. **vLLM's server** (OpenAI-compatible, on 127.0.0.1), the concurrency prompts sent with B requests in flight.
 
@@ -29,7 +29,8 @@ import time
 import torch
 import transformers
 
-from specbook import PardDrafter, PromptLookupDrafter, Sampler, autoregressive_generate, load_pair, speculative_generate
+from specbook import (Eagle3Drafter, PardDrafter, PromptLookupDrafter, Sampler, autoregressive_generate, load_pair,
+                      speculative_generate)
 from specbook.batch_bench import batch_prompts
 from specbook.bench import HELD_OUT, INPUT_GROUNDED, OPEN_ENDED, cpu_model, machine, project_commit
 from specbook.export import export_pair
@@ -91,6 +92,8 @@ def package_methods(pair, ks):
     methods["ngram", 4] = lambda ids, n: speculative_generate(pair.target, PromptLookupDrafter(3, 1), ids, n, k=4,
                                                               sampler=GREEDY)
     methods["pard", 4] = lambda ids, n: speculative_generate(pair.target, pard, ids, n, k=4, sampler=GREEDY)
+    eagle3 = Eagle3Drafter.from_pretrained("shakespeare", pair.target)
+    methods["eagle3", 4] = lambda ids, n: speculative_generate(pair.target, eagle3, ids, n, k=4, sampler=GREEDY)
     return methods
 
 
@@ -144,7 +147,7 @@ def package_batches(pair, texts, reference, args) -> list[dict]:
 
 
 def vllm_offline_rows(pair, folders, prompts, reference, args) -> list[dict]:
-    configs = [("autoregressive", None)] + [("draft", k) for k in args.ks] + [("ngram", 4), ("pard", 4)]
+    configs = [("autoregressive", None)] + [("draft", k) for k in args.ks] + [("ngram", 4), ("pard", 4), ("eagle3", 4)]
     rows = []
     for method, k in configs:
         start = time.perf_counter()
@@ -186,7 +189,8 @@ def vllm_server_rows(pair, folders, prompts, reference, args) -> list[dict]:
             counts = counts_between(before, server_counts(url))
         for b, times in seconds.items():
             rows.append({"engine": "vllm", "api": "server", "method": method, "k": k, "concurrency": b,
-                         "startup_s": startup, "tokens_per_second": len(prompts) * args.new_tokens / statistics.median(times),
+                         "startup_s": startup,
+                         "tokens_per_second": len(prompts) * args.new_tokens / statistics.median(times),
                          "seconds_rounds": times, "tokens_per_call": counts["tokens_per_call"] if k else None,
                          **agreement(pair, prompts, outputs, reference)})
         print(rows[-1], flush=True)
@@ -213,7 +217,8 @@ def main():
     record = {"cpu": cpu_model(), "machine": machine(), "project_commit": commit,
               "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
               "vllm": vllm.__version__, "target_forward": "specbook.decoder", "new_tokens": args.new_tokens,
-              "rounds": args.rounds, "prompts": texts, "concurrency_prompts": len(many), "vllm_compiled": not args.eager,
+              "rounds": args.rounds, "prompts": texts, "concurrency_prompts": len(many),
+              "vllm_compiled": not args.eager,
               "vllm_cpu_settings": {name: os.environ.get(name) for name in VLLM_CPU_SETTINGS},
               "minutes": (time.perf_counter() - started) / 60, "rows": rows}
     with open(args.json, "w") as file:

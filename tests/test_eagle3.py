@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specbook import DynamicTree, Sampler, autoregressive_generate, speculative_generate
-from specbook.cache import new_cache
+from specbook.cache import SlotCache, new_cache
 from specbook.drafters import Draft, Eagle3Drafter
 from specbook.eagle3 import Eagle3Head, check_vocab, default_feature_layers, ttt_predictions
 from specbook.heads import head_accuracy
@@ -69,6 +69,28 @@ def test_the_training_time_test_unrolls_what_drafting_computes(deep_target, head
             for step in (1, 2):
                 out = head(out, embed(text[:, base + step + 1: base + step + 2]), cache)
                 torch.testing.assert_close(out, unrolled[step][0][:, base: base + 1], atol=1e-5, rtol=0)
+
+
+def test_the_decoder_runs_the_papers_layer_as_hugging_face_does(deep_target, head):
+    """EAGLE-3's layer reads [e(x); g], each half through its own norm, g the residual: the package's decoder (a
+    `SlotCache`) gives what Hugging Face's forward over the same layer gives, and both read each half's norm."""
+    mixed = copy.deepcopy(head)
+    layer = mixed.layer.layers[0]
+    with torch.no_grad():
+        for norm in (layer.input_layernorm, layer.hidden_norm, layer.post_attention_layernorm):
+            norm.weight.uniform_(0.5, 1.5)  # the norms told apart
+    generator = torch.Generator().manual_seed(0)
+    features, tokens = (torch.randn(1, 6, mixed.hidden_size, generator=generator) for _ in range(2))
+    assert isinstance(mixed.new_cache(), SlotCache)  # the decoder serves the head's layer
+    with torch.no_grad():
+        ours = mixed(features, tokens, mixed.new_cache())
+        theirs = mixed(features, tokens, new_cache(mixed.layer))
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+        for norm in (layer.input_layernorm, layer.hidden_norm):
+            norm.weight.mul_(2)
+            assert not torch.allclose(mixed(features, tokens, mixed.new_cache()), ours, atol=1e-3)
+            assert not torch.allclose(mixed(features, tokens, new_cache(mixed.layer)), ours, atol=1e-3)
+            norm.weight.div_(2)
 
 
 def test_training_lowers_the_loss_and_later_steps_learn(deep_target, head):

@@ -7,6 +7,7 @@ import json
 import socket
 
 import pytest
+import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from specbook.export import SERVED, export_pair
@@ -85,3 +86,54 @@ def test_the_export_command(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["export", "--out", str(tmp_path), "--models", "medusa"])
     assert "models must name models of 'shakespeare'" in capsys.readouterr().err
+
+
+def test_eagle3_is_written_as_servers_load_it(tmp_path):
+    from safetensors.torch import load_file
+
+    folders = export_pair(tmp_path, models=["target", "eagle3"])
+    config = json.loads((folders["eagle3"] / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["norm_output"] is True
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 6, 9]
+    weights = load_file(folders["eagle3"] / "model.safetensors")
+    hidden = config["hidden_size"]
+    assert weights["fc.weight"].shape == (hidden, 3 * hidden)  # the three hidden states fused
+    assert weights["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * hidden  # [embedding; feature]
+    assert {"layers.0.hidden_norm.weight", "layers.0.input_layernorm.weight", "norm.weight"} <= set(weights)
+    assert "d2t" not in weights and not any("embed_tokens" in name for name in weights)  # full vocabulary
+    assert speculative_config("eagle3", folders, 3) == {"method": "eagle3", "model": str(folders["eagle3"]),
+                                                         "num_speculative_tokens": 3}
+
+
+def test_a_reduced_vocabulary_maps_draft_rows_to_target_ids(tmp_path):
+    from safetensors.torch import load_file
+
+    from specbook import Eagle3Head, load_pair
+    from specbook.export import write_eagle3
+    from specbook.models import assets_dir
+
+    target = load_pair("shakespeare").target
+    head = Eagle3Head.from_pretrained("shakespeare", target).with_vocabulary(512)
+    head.save(tmp_path / "head")
+    write_eagle3(tmp_path / "head", tmp_path / "served", assets_dir() / "target")
+    weights = load_file(tmp_path / "served" / "model.safetensors")
+    rows = torch.arange(512)
+    assert (rows + weights["d2t"]).tolist() == head.vocab.tolist()  # vLLM: target id = row + d2t[row]
+    assert weights["t2d"].nonzero().flatten().tolist() == head.vocab.tolist()
+    assert weights["lm_head.weight"].shape == (512, head.hidden_size)
+    assert json.loads((tmp_path / "served" / "config.json").read_text())["draft_vocab_size"] == 512
+
+
+def test_a_head_for_another_target_or_of_eagle_layout_is_refused(tmp_path):
+    folders = export_pair(tmp_path, models=["target", "draft", "eagle3"])
+    with pytest.raises(ValueError, match="exported for another target"):
+        speculative_config("eagle3", {**folders, "target": folders["draft"]})
+    (tmp_path / "old").mkdir()
+    from safetensors.torch import save_file
+    config = json.loads((folders["eagle3"] / "config.json").read_text())
+    (tmp_path / "old" / "config.json").write_text(json.dumps({"kind": "eagle3", "feature_layers": [2, 6, 9]}))
+    save_file({"fuse.weight": torch.zeros(2, 6), "fc.weight": torch.zeros(2, 4)}, tmp_path / "old" / "model.safetensors")
+    from specbook.export import write_eagle3
+    with pytest.raises(ValueError, match="EAGLE's fc before a stock layer"):
+        write_eagle3(tmp_path / "old", tmp_path / "out", folders["target"])
+    assert config["specbook_target"]

@@ -30,7 +30,9 @@ to about 1e-5 (tested on every served family).
 
 It runs a bare decoder stack too (``LlamaModel``, ``Qwen2Model``, ...: no LM head), fed ``inputs_embeds``
 and returning the final norm's output, which is how EAGLE's and EAGLE-3's one-layer heads draft
-(`specbook.heads.EagleHead`): at batch one a head's call is mostly launch overhead as well.
+(`specbook.heads.EagleHead`): at batch one a head's call is mostly launch overhead as well. EAGLE-3's layer
+(`specbook.eagle3.Eagle3DecoderLayer`) reads [embedding; feature], twice the width, a norm for each half,
+with the feature as its residual.
 
 Its cache is `specbook.cache.SlotCache`: one buffer of keys and values for all layers and one length on
 the device. A call on n tokens writes them at slots length..length + n - 1; a token tree may give its
@@ -79,7 +81,7 @@ def serves(model) -> str | None:
         return f"{type(model).__name__} (served: the causal LMs and decoder stacks of {', '.join(FAMILIES)})"
     config, stack = model.config, _stack(model)
     layers = {type(layer).__name__ for layer in stack.layers}
-    if not layers <= CLASSES:
+    if not layers <= CLASSES | {"Eagle3DecoderLayer"}:
         return f"layers of another kind ({', '.join(sorted(layers - CLASSES))})"
     attention = stack.layers[0].self_attn
     if len({module.bias is None for module in (attention.q_proj, attention.k_proj, attention.v_proj)}) > 1:
@@ -166,7 +168,7 @@ class Decoder:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
         self.windows = attention_windows(config)
-        self.layers = []
+        self.layers, self.hidden = [], config.hidden_size
         stack = _stack(model)
         for layer in stack.layers:
             attention, mlp = layer.self_attn, layer.mlp
@@ -175,6 +177,7 @@ class Decoder:
             norms = [getattr(attention, name, None) for name in ("q_norm", "k_norm")]
             self.layers.append(SimpleNamespace(
                 input_norm=layer.input_layernorm.weight, qkv=qkv, qkv_bias=qkv_bias,
+                hidden_norm=layer.hidden_norm.weight if hasattr(layer, "hidden_norm") else None,  # EAGLE-3's
                 head_norms=[norm.weight for norm in norms] if norms[0] is not None else None,
                 o=attention.o_proj.weight, o_bias=attention.o_proj.bias,
                 post_norm=layer.post_attention_layernorm.weight, gate_up=gate_up, down=mlp.down_proj.weight))
@@ -226,7 +229,12 @@ class Decoder:
         (R, G * n, span; None: all)."""
         rows, heads, kv_heads, head_dim = cache.rows, self.heads, self.kv_heads, self.head_dim
         n = x.shape[0] // rows
-        qkv = F.linear(self._rms_norm(x, layer.input_norm), layer.qkv, layer.qkv_bias)  # (R n, (H + 2 KV) * d)
+        if layer.hidden_norm is None:
+            normed = self._rms_norm(x, layer.input_norm)  # (R n, hidden)
+        else:  # EAGLE-3's layer: [embedding; feature] (R n, 2 hidden), a norm for each half
+            normed = torch.cat([self._rms_norm(x[:, :self.hidden], layer.input_norm),
+                                self._rms_norm(x[:, self.hidden:], layer.hidden_norm)], -1)
+        qkv = F.linear(normed, layer.qkv, layer.qkv_bias)  # (R n, (H + 2 KV) * d)
         qkv = qkv.view(rows * n, heads + 2 * kv_heads, head_dim)
         qk = qkv[:, :heads + kv_heads]  # (R n, H + KV, d): rotated in place, beside the values
         if layer.head_norms is not None:  # Qwen3: RMSNorm over each head of q and of k
@@ -274,7 +282,8 @@ class Decoder:
              else inputs_embeds.reshape(rows * n, -1))  # (R n, hidden)
         states = [x]  # the residual stream after 0, 1, ... layers: references, no copies
         for index, (layer, window) in enumerate(zip(self.layers, self.windows)):
-            x = x + self._attend(layer, x, cache, index, cos, sin, masks[window])
+            attended = self._attend(layer, x, cache, index, cos, sin, masks[window])
+            x = (x if layer.hidden_norm is None else x[:, self.hidden:]) + attended  # EAGLE-3's residual: the feature
             gate, up = F.linear(self._rms_norm(x, layer.post_norm), layer.gate_up).chunk(2, -1)
             x = x + F.linear(F.silu(gate) * up, layer.down)
             states.append(x)

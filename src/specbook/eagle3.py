@@ -23,17 +23,19 @@ token ids (the most frequent ones of the training text), and the draft's p is ze
 Verification stays exact (a token with p = 0 is simply never drafted: the residual max(q - p, 0)
 keeps all of q's mass there); only α can drop, where the target wants a token the draft cannot propose.
 
-Like EAGLE's, the head is a stock one-layer `transformers` LlamaModel fed through ``inputs_embeds``
-(rotary positions, causal and tree masks, a KV cache, a final norm), after an ``fc`` that maps the
-pair (g_t or a_t, embedding of x_{t+1}) to its width. The paper's layer feeds that 2 x hidden
-concatenation to its attention projections directly, with g_t as the residual; here the ``fc`` comes
-first, so the layer is the target's own kind. The token embedding is the target's, frozen and not saved.
+The layer is the paper's (its code's ``midlayer``, vLLM's ``llama_eagle3``): `Eagle3DecoderLayer`, whose q, k
+and v projections read the token's embedding and g_t (or a_t) side by side, 2 x hidden wide, each through
+its own RMSNorm, with g_t as the residual; EAGLE's ``fc`` before the layer is gone. It sits in a one-layer
+`transformers` LlamaModel fed through ``inputs_embeds`` (rotary positions, causal and tree masks, a KV cache,
+a final norm), which the package's decoder runs too. The token embedding is the target's, frozen and not
+saved; `specbook.export` writes the head in the layout vLLM's and SGLang's EAGLE-3 loaders read.
 """
 
 import copy
 
 import torch
 from torch import nn
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from .cache import new_cache
 from .heads import EagleHead
@@ -61,9 +63,33 @@ def check_feature_layers(feature_layers, layers: int) -> tuple[int, ...]:
     return tuple(feature_layers)
 
 
+class Eagle3DecoderLayer(LlamaDecoderLayer):
+    """EAGLE-3's decoder layer (Section 3.2 and the paper's code): its input is the token's embedding and the feature
+    side by side, [e(x_{t+1}); g_t] (batch, n, 2 x hidden); q, k and v read both, each half through its own RMSNorm
+    (``input_layernorm`` the embedding's, ``hidden_norm`` the feature's), and the feature is the residual."""
+
+    def __init__(self, config, layer_idx: int = 0):
+        super().__init__(config, layer_idx)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            projection = getattr(self.self_attn, name)
+            setattr(self.self_attn, name, nn.Linear(2 * config.hidden_size, projection.out_features,
+                                                    bias=projection.bias is not None))
+        self.hidden_norm = type(self.input_layernorm)(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
+                position_embeddings=None, **kwargs):
+        embeddings, features = hidden_states.chunk(2, -1)  # (batch, n, hidden) each
+        paired = torch.cat([self.input_layernorm(embeddings), self.hidden_norm(features)], -1)  # (batch, n, 2 hidden)
+        attended, _ = self.self_attn(hidden_states=paired, attention_mask=attention_mask, position_ids=position_ids,
+                                     past_key_values=past_key_values, use_cache=use_cache,
+                                     position_embeddings=position_embeddings, **kwargs)
+        hidden = features + attended
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
 class Eagle3Head(EagleHead):
-    """EAGLE-3's head for a target with ``config`` (Llama-style): ``fuse`` g_t = W [h_l1; h_l2; h_l3], then EAGLE's
-    ``fc`` and decoder layer on (g_t or a_t, e(x_{t+1})), then an LM head of its own over ``vocab``.
+    """EAGLE-3's head for a target with ``config`` (Llama-style): ``fuse`` g_t = W [h_l1; h_l2; h_l3], then
+    `Eagle3DecoderLayer` on [e(x_{t+1}); g_t or a_t], then an LM head of its own over ``vocab``.
 
     ``feature_layers``: which of the target's hidden states it reads (`check_feature_layers`; default
     `default_feature_layers`). ``vocab``: the target token ids the draft can propose (default: all
@@ -76,6 +102,8 @@ class Eagle3Head(EagleHead):
 
     def __init__(self, config, feature_layers=None, vocab=None, token_order=None):
         super().__init__(config)
+        del self.fc  # the layer reads the pair itself
+        self.layer.layers[0] = Eagle3DecoderLayer(self.layer.config)
         layers = check_feature_layers(default_feature_layers(config) if feature_layers is None
                                       else feature_layers, config.num_hidden_layers)
         self.feature_layers, self.target_layers = layers, config.num_hidden_layers
@@ -103,6 +131,10 @@ class Eagle3Head(EagleHead):
             raise ValueError(f"the eagle3 head was built for a target of {self.target_layers} layers and "
                              f"{self.target_vocab} tokens; this target has {config.num_hidden_layers} and "
                              f"{config.vocab_size}: a head only fits the target it was trained on")
+
+    def pair(self, features: torch.Tensor, token_embeddings: torch.Tensor) -> torch.Tensor:
+        """The layer's input: [e(x_{t+1}); g_t or a_t] (batch, n, 2 x hidden), the embedding first, as the paper's."""
+        return torch.cat([token_embeddings, features], -1)
 
     def fused(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's hidden states side by side (..., len(feature_layers) * hidden) -> g (..., hidden)."""

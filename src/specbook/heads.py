@@ -186,14 +186,16 @@ class EagleHead(_Head):
     def forward(self, features: torch.Tensor, token_embeddings: torch.Tensor, past_key_values=None,
                 **inputs) -> torch.Tensor:
         """Pairs (f_t, e(x_{t+1})), both (batch, n, hidden) -> predicted features f̂_{t+1} (batch, n, hidden).
-
         ``past_key_values`` (earlier pairs, `new_cache`) and ``inputs`` (a tree's mask and positions) go to the layer:
         the package's decoder runs it over a `SlotCache`, Hugging Face's forward otherwise (training, a dynamic cache).
         """
-        pairs = self.fc(torch.cat([features, token_embeddings], -1))  # (batch, n, hidden)
         layer = forward_over(self.layer, past_key_values)
-        return layer(inputs_embeds=pairs, past_key_values=past_key_values, use_cache=past_key_values is not None,
-                     **inputs).last_hidden_state
+        return layer(inputs_embeds=self.pair(features, token_embeddings), past_key_values=past_key_values,
+                     use_cache=past_key_values is not None, **inputs).last_hidden_state
+
+    def pair(self, features: torch.Tensor, token_embeddings: torch.Tensor) -> torch.Tensor:
+        """The layer's input, fc on (f_t, e(x_{t+1})): (batch, n, hidden)."""
+        return self.fc(torch.cat([features, token_embeddings], -1))
 
     def new_cache(self):
         """An empty KV cache to draft with: the decoder's growing `SlotCache` where it serves the layer, else HF's."""
@@ -287,15 +289,13 @@ def final_norm(model) -> nn.Module:
 def early_exit_model(target, head: ExitHead):
     """The draft of self-speculative decoding: ``target`` cut after ``head.exit_layer`` layers, finished by ``head``.
 
-    A causal LM of the target's own class, so whatever runs the target runs it (KV caches, sliding
-    windows, Gemma 2's logit cap), `assembled` from the target's own modules -- its embeddings,
-    position tables and first L decoder layers -- and the head's norm and LM head. Nothing is copied: its parameters are the target's (packed
-    layers included) and the head's, and moving it moves them.
+    A causal LM of the target's own class, so whatever runs the target runs it (KV caches, sliding windows,
+    Gemma 2's logit cap), `assembled` from the target's embeddings, position tables and first L decoder layers and
+    the head's norm and LM head: its parameters are the target's (packed layers included) and the head's.
     """
     head.check_target(target)
     layers = getattr(target.get_decoder(), decoder_parts(target)[0])[: head.exit_layer]
-    return assembled(target, layers, head.norm, head.lm_head, f"cut {type(target).__name__} after layer "
-                                                                 f"{head.exit_layer}")
+    return assembled(target, layers, head.norm, head.lm_head, f"cut {type(target).__name__} at layer {head.exit_layer}")
 
 
 def assembled(target, layers, norm: nn.Module, lm_head: nn.Module, purpose: str):

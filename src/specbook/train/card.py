@@ -276,10 +276,12 @@ EAGLE3_CARD = """
 
 EAGLE-3's head (`specbook.eagle3`, Li et al. 2025), trained on the frozen target by the `eagle3` stage
 ({steps} steps, {minutes:.0f} min, {size_kb:.0f} kB in float16): it reads the target's residual stream after
-layers {layers} of {target_layers}, fused to one vector, and predicts tokens with an LM head of its own, trained
-without feature regression by a training-time test of {ttt_steps} steps on its own outputs. It borrows the
-target's embedding. Load it with `Eagle3Drafter.from_pretrained("shakespeare", pair.target)`; a reduced
-draft vocabulary with `vocab=512` (the most frequent tokens of the training text).
+layers {layers} of {target_layers}, fused to one vector, and predicts tokens with the paper's layer (its q, k
+and v read the token's embedding and the fused vector side by side, each through a norm of its own) and an LM
+head of its own, trained without feature regression by a training-time test of {ttt_steps} steps on its own
+outputs. It borrows the target's embedding. Load it with `Eagle3Drafter.from_pretrained("shakespeare",
+pair.target)`; a reduced draft vocabulary with `vocab=512` (the most frequent tokens of the training text).
+`python -m specbook export` writes it as vLLM and SGLang load EAGLE-3 heads.
 
 Teacher-forced accuracy on the held-out plays after each unrolled step (`specbook.heads.head_accuracy`):
 
