@@ -206,6 +206,7 @@ def main():
     many_texts = batch_prompts(max(args.concurrency))
     many = [pair.encode(text)[0].tolist() for text in many_texts]
     started, commit = time.perf_counter(), project_commit()  # the code the run starts with
+    settings = {name: os.environ.get(name) for name in VLLM_CPU_SETTINGS}  # before vLLM sets any for its children
     rows, reference = package_rows(pair, prompts, args)
     many_reference = [autoregressive_generate(pair.target, torch.tensor([ids]), args.new_tokens, GREEDY).token_ids
                       for ids in many]
@@ -219,7 +220,7 @@ def main():
               "vllm": vllm.__version__, "target_forward": "specbook.decoder", "new_tokens": args.new_tokens,
               "rounds": args.rounds, "prompts": texts, "concurrency_prompts": len(many),
               "vllm_compiled": not args.eager,
-              "vllm_cpu_settings": {name: os.environ.get(name) for name in VLLM_CPU_SETTINGS},
+              "vllm_cpu_settings": settings,
               "minutes": (time.perf_counter() - started) / 60, "rows": rows}
     with open(args.json, "w") as file:
         json.dump(record, file, indent=1)
