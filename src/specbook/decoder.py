@@ -219,6 +219,14 @@ class Decoder:
     def _rms_norm(self, x, weight):
         return F.rms_norm(x, weight.shape, weight, self.eps)
 
+    def _input_norm(self, layer, x):
+        """The attention's input: x (R n, hidden) normed; EAGLE-3's first layer reads [embedding; feature] (R n,
+        2 hidden), a norm for each half."""
+        if layer.hidden_norm is None:
+            return self._rms_norm(x, layer.input_norm)
+        return torch.cat([self._rms_norm(x[:, :self.hidden], layer.input_norm),
+                          self._rms_norm(x[:, self.hidden:], layer.hidden_norm)], -1)
+
     def _rotate(self, x, cos, sin):  # x (n, heads, head_dim), in place; cos, sin (n, 1, head_dim)
         rolled = x.roll(self.head_dim // 2, -1)
         x.mul_(cos).addcmul_(rolled, sin)
@@ -229,12 +237,7 @@ class Decoder:
         (R, G * n, span; None: all)."""
         rows, heads, kv_heads, head_dim = cache.rows, self.heads, self.kv_heads, self.head_dim
         n = x.shape[0] // rows
-        if layer.hidden_norm is None:
-            normed = self._rms_norm(x, layer.input_norm)  # (R n, hidden)
-        else:  # EAGLE-3's layer: [embedding; feature] (R n, 2 hidden), a norm for each half
-            normed = torch.cat([self._rms_norm(x[:, :self.hidden], layer.input_norm),
-                                self._rms_norm(x[:, self.hidden:], layer.hidden_norm)], -1)
-        qkv = F.linear(normed, layer.qkv, layer.qkv_bias)  # (R n, (H + 2 KV) * d)
+        qkv = F.linear(self._input_norm(layer, x), layer.qkv, layer.qkv_bias)  # (R n, (H + 2 KV) * d)
         qkv = qkv.view(rows * n, heads + 2 * kv_heads, head_dim)
         qk = qkv[:, :heads + kv_heads]  # (R n, H + KV, d): rotated in place, beside the values
         if layer.head_norms is not None:  # Qwen3: RMSNorm over each head of q and of k
