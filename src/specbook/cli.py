@@ -36,6 +36,7 @@ from .heads import WITH_HEADS
 from .models import load_pair
 from .sampling import Sampler
 from .viz import render_trace
+from .vllm_runs import speculative_config
 
 
 def _positive_int(text):
@@ -197,8 +198,8 @@ def export(args):
     for model, folder in folders.items():
         print(f"{model}: {folder}")
     if {"target", "draft"} <= set(folders):
-        print(f"\nvLLM: LLM(model={str(folders['target'])!r}, dtype='float32', speculative_config={{'method': "
-              f"'draft_model', 'model': {str(folders['draft'])!r}, 'num_speculative_tokens': 4}})")
+        print(f"\nvLLM: LLM(model={str(folders['target'])!r}, dtype='float32', "
+              f"speculative_config={speculative_config('draft', folders, 4)})")
 
 
 def main(argv=None):

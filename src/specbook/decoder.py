@@ -75,14 +75,17 @@ def _stack(model):
     return getattr(model, "model", model)
 
 
+LAYER_CLASSES = CLASSES | {"Eagle3DecoderLayer"}  # the families' layers, and EAGLE-3's (`specbook.eagle3`)
+
+
 def serves(model) -> str | None:
     """None where `Decoder` reproduces ``model``'s forward, else why it does not (Hugging Face's runs then)."""
     if type(model).__name__ not in CLASSES or type(model).__name__.endswith("DecoderLayer"):
         return f"{type(model).__name__} (served: the causal LMs and decoder stacks of {', '.join(FAMILIES)})"
     config, stack = model.config, _stack(model)
     layers = {type(layer).__name__ for layer in stack.layers}
-    if not layers <= CLASSES | {"Eagle3DecoderLayer"}:
-        return f"layers of another kind ({', '.join(sorted(layers - CLASSES))})"
+    if not layers <= LAYER_CLASSES:
+        return f"layers of another kind ({', '.join(sorted(layers - LAYER_CLASSES))})"
     attention = stack.layers[0].self_attn
     if len({module.bias is None for module in (attention.q_proj, attention.k_proj, attention.v_proj)}) > 1:
         return "biases on some of q, k and v only"

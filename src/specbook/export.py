@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from .heads import LAYER_FIELDS
 from .models import BUILT_IN, assets_dir
 
 SERVED = ("target", "draft", "pard", "eagle3")  # what `export_pair` writes by default
@@ -70,11 +71,12 @@ def export_pair(out, name: str = "shakespeare", models=SERVED) -> dict[str, Path
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
-        if model == "eagle3":
+        if model in HEADS:
             write_eagle3(root / model, folder, root / "target")
-        for file in MODEL_FILES if model not in HEADS else ():
-            if (root / model / file).is_file():
-                shutil.copy2(root / model / file, folder / file)
+        else:
+            for file in MODEL_FILES:
+                if (root / model / file).is_file():
+                    shutil.copy2(root / model / file, folder / file)
         for file in TOKENIZER_FILES:
             shutil.copy2(root / file, folder / file)
         folders[model] = folder
@@ -110,9 +112,7 @@ def write_eagle3(head_folder, folder, target_folder) -> None:
         renamed["d2t"] = torch.tensor(vocab) - torch.arange(len(vocab))  # target id = draft row + d2t[row]
         renamed["t2d"] = torch.zeros(target_vocab, dtype=torch.bool).index_fill_(0, torch.tensor(vocab), True)
     save_file({name: tensor.contiguous() for name, tensor in renamed.items()}, folder / "model.safetensors")
-    layer = {name: config[name] for name in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                             "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
-                                             "max_position_embeddings", "rope_parameters")}
+    layer = {name: config[name] for name in LAYER_FIELDS if name in config}  # the head's layer, as it saved them
     served = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **layer, "num_hidden_layers": 1,
               "vocab_size": target_vocab, "draft_vocab_size": len(vocab), "target_hidden_size": layer["hidden_size"],
               "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False, "norm_output": True,

@@ -153,7 +153,7 @@ class MedusaHeads(_Head):
 
 
 # The settings an EAGLE layer copies from its target's config: the layer has the target's width.
-_LAYER_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+LAYER_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                  "hidden_act", "rms_norm_eps", "max_position_embeddings", "rope_parameters")
 
 
@@ -176,7 +176,7 @@ class EagleHead(_Head):
         super().__init__()
         from transformers import LlamaConfig, LlamaModel
 
-        fields = {name: getattr(config, name) for name in _LAYER_FIELDS if getattr(config, name, None) is not None}
+        fields = {name: getattr(config, name) for name in LAYER_FIELDS if getattr(config, name, None) is not None}
         layer_config = LlamaConfig(vocab_size=1, num_hidden_layers=1, bos_token_id=None, eos_token_id=None,
                                    pad_token_id=None, **fields)
         self.hidden_size = layer_config.hidden_size
@@ -203,7 +203,7 @@ class EagleHead(_Head):
 
     def _config(self):
         config = self.layer.config
-        return {name: getattr(config, name) for name in _LAYER_FIELDS if getattr(config, name, None) is not None}
+        return {name: getattr(config, name) for name in LAYER_FIELDS if getattr(config, name, None) is not None}
 
     @classmethod
     def _from_config(cls, config, target):

