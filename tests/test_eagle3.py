@@ -93,6 +93,20 @@ def test_the_decoder_runs_the_papers_layer_as_hugging_face_does(deep_target, hea
             norm.weight.div_(2)
 
 
+def test_a_reduced_vocabulary_is_trained_where_the_targets_choice_lies_in_it(deep_target, head):
+    """The paper's loss for a draft vocabulary V: q renormalised over V, positions whose target argmax is outside V
+    left out. A head whose V holds none of the target's choices on a window has nothing to learn there (a loss that
+    scored those positions would not be 0); one whose V holds them all is scored."""
+    window = head.text[: 33 * 4].view(4, 33)
+    with torch.no_grad():
+        choices = set(deep_target(window).logits.argmax(-1).flatten().tolist())
+        others = [token for token in range(deep_target.config.vocab_size) if token not in choices]
+        blind = Eagle3Head.for_target(deep_target, feature_layers=(1, 2, 3), vocab=others)
+        assert eagle3_loss(blind, deep_target, window[:, :-1], window[:, 1:]) == 0
+        sighted = Eagle3Head.for_target(deep_target, feature_layers=(1, 2, 3), vocab=sorted(choices))
+        assert eagle3_loss(sighted, deep_target, window[:, :-1], window[:, 1:]) > 0
+
+
 def test_training_lowers_the_loss_and_later_steps_learn(deep_target, head):
     fresh = Eagle3Head.for_target(deep_target, feature_layers=(1, 2, 3))
     window = head.text[: 33 * 8].view(8, 33)

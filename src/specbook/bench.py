@@ -68,12 +68,15 @@ ALL_CATEGORIES = {**CATEGORIES, "held-out": HELD_OUT[:8]}  # and verse the book 
 
 @dataclass
 class Method:
-    """One row of a benchmark: a name and a function (input_ids, seed) -> (token_ids, stats or None)."""
+    """One row of a benchmark: a name and a function (input_ids, seed) -> (token_ids, stats or None); for a
+    speculative row, its drafter and draft length (an int or a policy), which `specbook.cost_model` times."""
 
     name: str
     run: object
     k: int | None = None
     weight_bytes: int = 0  # the target's weights, which every target call reads
+    drafter: object = None
+    draft_length: object = None
 
 
 def autoregressive(target, sampler, max_new_tokens, **path):
@@ -91,7 +94,7 @@ def speculative(target, drafter, k, sampler, max_new_tokens, name=None, **path):
     def run(input_ids, seed):
         result = speculative_generate(target, drafter, input_ids, max_new_tokens, k, sampler, seed, **path)
         return result.token_ids, result.stats
-    return Method(label, run, k if isinstance(k, int) else None, weight_bytes(target))
+    return Method(label, run, k if isinstance(k, int) else None, weight_bytes(target), drafter, k)
 
 
 def with_hugging_face_forward(method: Method) -> Method:

@@ -14,6 +14,7 @@ import torch
 from . import graphs
 from .batch_bench import batch_suite, report
 from .bench import ALL_CATEGORIES, PROMPT_SETS, acceptance_by_position, machine, run_benchmark
+from .cost_model import for_methods, predicted
 from .costs import CPU_SCALE, cost_probe
 from .costs import report as costs_report
 from .decoder import forward_name
@@ -65,12 +66,17 @@ def run_table(pair, args, path):
     frames = []
     for name in (["open", "grounded"] if args.prompts == "both" else [args.prompts]):
         prompts = [pair.encode(text) for text in PROMPT_SETS[name]]
-        frame = pd.DataFrame(run_benchmark(methods, prompts, args.repeats, args.seed))
-        frames.append(frame.assign(prompts=name))
+        rows = run_benchmark(methods, prompts, args.repeats, args.seed)
+        costs, drafters = for_methods(pair.target, methods, prompts, args.repeats, args.max_new_tokens, sampler,
+                                      args.seed)
+        frames.append(pd.DataFrame(predicted(rows, costs, drafters)).assign(prompts=name))
     table = pd.concat(frames, ignore_index=True).drop(columns="round_seconds").assign(machine=machine(), **path)
     shown = show_spreads(table.drop(columns=["machine", *path]), ["seconds"], unit=" s", digits=3)
     print(show_spreads(shown, ["speedup"]).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    print("seconds and speedup: the median round (the lowest and highest round's)")
+    print("seconds and speedup: the median round (the lowest and highest round's); predicted_ms_per_token: the cost "
+          "model's (specbook.cost_model: the target's call on the row's positions, its drafter's calls and the "
+          "engine's work, each measured once, over its tokens per call); bound_ms_per_token: drafting and the "
+          "engine free")
     print(f"{machine()}; {in_words(path)}")
     print(f"bandwidth_gb_s: the target's weights read per second if every token read them once; this machine's "
           f"copy bandwidth is {copy_bandwidth(pair.target.device):.1f} GB/s")
@@ -204,7 +210,8 @@ ALPHA_POSITIONS = 6  # the eagle3 suite measures α at draft positions 1 .. 6
 def eagle3_heads(pair, variants=None) -> dict:
     """The EAGLE-3 heads to compare, by label: the built-in one, "EAGLE-3", then every head saved in a folder of
     ``variants`` (``python -m specbook.train --stages eagle3 --eagle3-dir ...``), labelled by what sets it apart
-    from the built-in one: its feature layers, or its training-time test's steps (training.json's ``ttt_steps``)."""
+    from the built-in one: its feature layers, its training-time test's steps (training.json's ``ttt_steps``), or
+    its draft vocabulary."""
     folders = [assets_dir(pair.name) / "eagle3"]
     if variants is not None:
         folders += sorted(folder for folder in Path(variants).iterdir() if (folder / "config.json").is_file())
@@ -220,6 +227,8 @@ def eagle3_heads(pair, variants=None) -> dict:
         if head.ttt_steps != built_in.ttt_steps:
             differences.append("without training-time test" if head.ttt_steps == 1 else
                                f"with a {head.ttt_steps}-step training-time test")
+        if len(head.vocab) != len(built_in.vocab):
+            differences.append(f"trained on a {len(head.vocab)}-token draft vocabulary")
         if head is not built_in and not differences:  # trained like the built-in head: its folder tells it apart
             differences.append(f"({folder.name})")
         heads[" ".join(["EAGLE-3", *differences])] = head

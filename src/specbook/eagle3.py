@@ -213,14 +213,13 @@ def ttt_predictions(head: Eagle3Head, target, input_ids: torch.Tensor, steps: in
     reads (a^{j-1}_t, x_{t+j+1}) at position t + j, a^{j-1}_t the head's output of the step before at the
     same base t, and attends to step 0's keys up to t and to its own chain's keys of steps 1 .. j (Section 3.3).
     Step j's output at base t scores x_{t+j+2}. Returns, per step, the head's outputs a^j (batch, n - j, hidden)
-    and the target's logits over the head's vocabulary at the positions that score the same tokens
-    (batch, n - j, draft vocab).
+    and the target's logits at the positions that score the same tokens (batch, n - j, target vocab).
     """
     n = input_ids.shape[1] - 1
     with torch.no_grad():
         outputs = target(input_ids, output_hidden_states=True)
         hidden = torch.cat([outputs.hidden_states[layer] for layer in head.feature_layers], -1)  # (batch, n + 1, .)
-        target_logits = outputs.logits[..., head.vocab].float()  # (batch, n + 1, draft vocab)
+        target_logits = outputs.logits.float()  # (batch, n + 1, target vocab)
         embeddings = target.get_input_embeddings()(input_ids)  # (batch, n + 1, hidden)
     inputs = head.fused(hidden[:, :n])  # (batch, n, hidden): g_t
     cache, predictions = new_cache(head.layer), []  # the earlier steps' keys and values, kept for autograd

@@ -83,19 +83,21 @@ def copy_bandwidth(device="cpu", megabytes=256, repeats=5) -> float:
     return 2 * source.numel() * source.element_size() / statistics.median(times[1:]) / 1e9
 
 
-def step_profile(target, drafter, prompts, k=4, max_new_tokens=64, sampler=Sampler(0), seed=0, **path) -> dict:
+def step_profile(target, drafter, prompts, k=4, max_new_tokens=64, sampler=Sampler(0), seed=0, warm=True,
+                 **path) -> dict:
     """Milliseconds per speculative step, split into parts, over ``prompts`` ((1, T) tensors).
 
     ``drafter`` is a `Drafter` (or a draft model); ``path`` the GPU path's ``cache`` and ``compile``.
-    Returns ``{"steps": n, "ms_per_step": {part: ms, ..., "engine": ms}, "tokens_per_step": float}``,
-    where ``engine`` is what the parts leave of the generation's wall time, a separate prefill excluded
-    (the engine reads the prompt in its first verification call unless the drafter needs it earlier). The
-    first prompt runs once untimed first (lazy initialisation, compilation).
+    Returns ``{"steps": n, "ms_per_step": {part: ms, ..., "engine": ms}, "tokens_per_step": float,
+    "draft_calls_per_step": float}``, where ``engine`` is what the parts leave of the generation's wall time, a
+    separate prefill excluded (the engine reads the prompt in its first verification call unless the drafter
+    needs it earlier). With ``warm``, the first prompt runs once untimed first (lazy initialisation, compilation).
     """
     drafter = as_drafter(drafter, target, *gpu_path(target, **path))  # a model drafts on the engine's path
-    speculative_generate(target, drafter, prompts[0], max_new_tokens, k, sampler, seed, **path)
+    if warm:
+        speculative_generate(target, drafter, prompts[0], max_new_tokens, k, sampler, seed, **path)
     timer = _Timer()
-    total, steps, tokens = 0.0, 0, 0
+    total, steps, tokens, draft_calls = 0.0, 0, 0, 0
     with ExitStack() as patches:
         for module, name, part in WRAPPED:
             patches.enter_context(mock.patch.object(module, name, timer.wrap(part, getattr(module, name))))
@@ -108,10 +110,12 @@ def step_profile(target, drafter, prompts, k=4, max_new_tokens=64, sampler=Sampl
             total += _clock() - started
             steps += len(generation.steps)
             tokens += len(generation.token_ids)
+            draft_calls += generation.stats.draft_calls
     parts = {part: 1000 * seconds / steps for part, seconds in timer.seconds.items() if part != "prefill"}
     # the parts are disjoint intervals of the total, so only rounding could take the remainder below zero
     parts["engine"] = max(0.0, 1000 * (total - sum(timer.seconds.values())) / steps)
-    return {"steps": steps, "ms_per_step": parts, "tokens_per_step": tokens / steps}
+    return {"steps": steps, "ms_per_step": parts, "tokens_per_step": tokens / steps,
+            "draft_calls_per_step": draft_calls / steps}
 
 
 def autoregressive_ms(target, prompts, max_new_tokens=64, sampler=Sampler(0), seed=0, **path) -> float:

@@ -50,6 +50,9 @@ def main(argv=None):
     parser.add_argument("--eagle3-layers", default=None,
                         help="EAGLE-3's feature layers, comma-separated: the residual stream after that many of the "
                              "target's layers, -1 its features (default: after 2, L/2 and L - 3 of L)")
+    parser.add_argument("--eagle3-vocab", type=int, default=None,
+                        help="EAGLE-3's draft vocabulary: the head proposes only this many of the training text's "
+                             "most frequent tokens and is trained on them (default: the whole vocabulary)")
     parser.add_argument("--eagle3-dir", default=None,
                         help="where the EAGLE-3 head is saved (default: --out/eagle3, the built-in head; another "
                              "folder keeps a variant for bench --suite eagle3 --eagle3-variants)")
@@ -223,8 +226,13 @@ def main(argv=None):
         torch.manual_seed(args.seed + 10)  # the head's initial weights
         token_order = torch.bincount(train_tokens, minlength=target.config.vocab_size).argsort(descending=True,
                                                                                                stable=True)
+        vocabulary = target.config.vocab_size if args.eagle3_vocab is None else args.eagle3_vocab
+        if not 1 <= vocabulary <= target.config.vocab_size:
+            parser.error(f"--eagle3-vocab must be in [1, {target.config.vocab_size}], the target's vocabulary, "
+                         f"got {args.eagle3_vocab}")
         try:
-            head = Eagle3Head.for_target(target, eagle3_layers, token_order=token_order.tolist())
+            head = Eagle3Head.for_target(target, eagle3_layers, vocab=token_order[:vocabulary],
+                                         token_order=token_order.tolist())
         except ValueError as error:
             parser.error(f"--eagle3-layers: {error}")
         saved = Path(args.eagle3_dir) if args.eagle3_dir else out / "eagle3"

@@ -45,14 +45,21 @@ def eagle_loss(head, target, inputs, targets, noise=0.1, classification_weight=0
 def eagle3_loss(head, target, inputs, targets, steps=TTT_STEPS, decay=0.8):
     """EAGLE-3's loss (Li et al. 2025, Section 3.3): over the training-time test's ``steps`` unrolled steps,
     sum of decay^j x CrossEntropy(q, p̂_j), step j's draft distribution against the target's q over the same
-    token (both over the head's vocabulary). No feature regression: nothing pulls the head's outputs to the
-    target's features. The weights 0.8^j are the paper's code's.
+    token. No feature regression: nothing pulls the head's outputs to the target's features. The weights 0.8^j
+    are the paper's code's. A head with a reduced vocabulary V is trained on it as the paper's code trains one:
+    q renormalised over V, and the loss kept only where the target's own argmax lies in V (where it does not, no
+    draft from V can match the target's greedy choice, and q over V says little).
     """
     window = torch.cat([inputs, targets[:, -1:]], 1)  # (batch, block + 1)
+    in_vocab = torch.zeros(head.target_vocab, dtype=torch.bool, device=inputs.device)
+    in_vocab[head.vocab] = True
     loss = 0.0
     for step, (outputs, target_logits) in enumerate(ttt_predictions(head, target, window, steps)):
         draft_logp = head.lm_head(outputs).float().log_softmax(-1)  # (batch, block - step, draft vocab)
-        loss = loss - decay ** step * (target_logits.softmax(-1) * draft_logp).sum(-1).mean()
+        q = target_logits[..., head.vocab].softmax(-1)  # (batch, block - step, draft vocab): q over V
+        kept = in_vocab[target_logits.argmax(-1)].float()  # (batch, block - step): the target's argmax in V
+        cross_entropy = -(q * draft_logp).sum(-1)  # (batch, block - step)
+        loss = loss + decay ** step * (cross_entropy * kept).sum() / kept.sum().clamp(min=1)
     return loss
 
 

@@ -1,0 +1,226 @@
+"""One account of time: the cost of a speculative step on this machine, measured once, and the speed it predicts.
+
+A speculative step is one target call on the n positions it scores (the pending token and the drafts: K + 1 for
+a chain, the nodes plus one for a tree), the drafter's calls, and the engine's own work (the target's
+probabilities, verification, rollback of both caches, bookkeeping). In milliseconds,
+
+    step = T(n) + calls x t_draft + engine,        ms a token = step / E,
+
+with T(n) the target's call on n positions, t_draft one call of the drafter (its share of ``propose``), and E
+the tokens a step writes (tokens per call). Dividing by T(1) gives chapter 3's terms: v(n) = T(n) / T(1),
+c = t_draft / T(1). Autoregressive decoding writes one token per call of T(1) plus its own engine. The bound of
+a method is T(n) / E: its speed were drafting and the engine free.
+
+`measure` times every term on the reader's machine in one run, in interleaved rounds (each round times every
+term once, so that a slow moment of the machine falls on all of them alike): the target's call on each n of
+``positions`` after a prompt, with the forward and cache the engine uses (`specbook.decoder.cache_and_forward`);
+autoregressive decoding's ms a token; and for each drafter one speculative generation split by
+`specbook.profile.step_profile` into its drafting (per call) and the engine's work (per step). `CostModel.predict`
+turns a method's counts (tokens per call, positions per call, draft calls a step) into ms a token, and
+`predicted` adds the prediction and the bound to `specbook.bench.run_benchmark`'s rows.
+
+    costs = measure(pair.target, prompts, {"draft model": (pair.draft, 4)})
+    costs.predict(tokens_per_call=2.7, positions_per_call=5, draft_calls_per_step=4, drafter="draft model")
+"""
+
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+
+from .bench import _clock, cpu_model, machine
+from .cache import rollback
+from .decoder import cache_and_forward, forward_name
+from .decoding import autoregressive_generate
+from .policies import check_integer
+from .profile import step_profile
+from .sampling import Sampler
+
+POSITIONS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)  # the n at which the target's call is timed
+ENGINE_PARTS = ("probabilities", "verification", "rollback", "engine")  # `step_profile`'s parts that are the engine's
+
+
+@dataclass
+class DrafterCost:
+    """One drafter's terms, in ms: a call (None for a drafter that makes no model call, such as an n-gram lookup:
+    then ``step_ms`` is its host work a step), its drafting a step, and the engine's work a step beside it."""
+
+    call_ms: float | None
+    step_ms: float
+    engine_ms: float
+    calls_per_step: float
+    k: int
+
+
+@dataclass
+class CostModel:
+    """The measured terms (module docstring): ``target_ms`` {n: median ms of a call on n positions},
+    ``ar_ms`` autoregressive decoding's ms a token, ``drafters`` {name: `DrafterCost`}, ``rounds`` the rounds
+    the medians are over, ``spread`` the widest range of a term's rounds over its median, and the machine."""
+
+    target_ms: dict
+    ar_ms: float
+    drafters: dict = field(default_factory=dict)
+    rounds: int = 0
+    spread: float = 0.0
+    machine: str = ""
+    cpu: str = ""
+    forward: str = ""
+
+    def call_ms(self, positions: float) -> float:
+        """T(n): the target's call on ``positions`` (a mean over calls may fall between the timed n: linear
+        between the two nearest; refused beyond the largest)."""
+        timed = sorted(self.target_ms)
+        if not timed[0] <= positions <= timed[-1]:
+            raise ValueError(f"positions must be in [{timed[0]}, {timed[-1]}], the calls this model timed "
+                             f"(got {positions})")
+        above = next(n for n in timed if n >= positions)
+        below = max(n for n in timed if n <= positions)
+        if above == below:
+            return self.target_ms[above]
+        share = (positions - below) / (above - below)
+        return (1 - share) * self.target_ms[below] + share * self.target_ms[above]
+
+    def v(self, positions: float) -> float:
+        """Chapter 3's v(n) = T(n) / T(1)."""
+        return self.call_ms(positions) / self.target_ms[1]
+
+    def c(self, drafter: str) -> float:
+        """Chapter 3's c for ``drafter``: one of its calls over the target's call on one position."""
+        cost = self._drafter(drafter)
+        if cost.call_ms is None:
+            raise ValueError(f"{drafter!r} makes no model call: it has no c (its host work is "
+                             f"{cost.step_ms:.3f} ms a step)")
+        return cost.call_ms / self.target_ms[1]
+
+    def _drafter(self, name: str) -> DrafterCost:
+        if name not in self.drafters:
+            raise ValueError(f"drafter must be one this model measured, one of {sorted(self.drafters)} (got {name!r})")
+        return self.drafters[name]
+
+    def predict(self, tokens_per_call: float, positions_per_call: float, draft_calls_per_step: float,
+                drafter: str) -> dict:
+        """ms a token of a method that writes ``tokens_per_call`` tokens a step, scores ``positions_per_call``
+        positions a target call and calls ``drafter`` ``draft_calls_per_step`` times a step; its bound (drafting
+        and the engine free); and both as speedups over the measured autoregressive decoding."""
+        if not tokens_per_call >= 1:
+            raise ValueError(f"tokens_per_call must be >= 1, every step writes a token (got {tokens_per_call})")
+        if not draft_calls_per_step >= 0:
+            raise ValueError(f"draft_calls_per_step must be >= 0 (got {draft_calls_per_step})")
+        cost = self._drafter(drafter)
+        target = self.call_ms(positions_per_call)
+        drafting = cost.step_ms if cost.call_ms is None else draft_calls_per_step * cost.call_ms
+        step = target + drafting + cost.engine_ms
+        return {"ms_per_token": step / tokens_per_call, "bound_ms_per_token": target / tokens_per_call,
+                "speedup": self.ar_ms * tokens_per_call / step, "bound_speedup": self.ar_ms * tokens_per_call / target,
+                "step_ms": {"target call": target, "draft": drafting, "engine": cost.engine_ms}}
+
+    def as_dict(self) -> dict:
+        """The terms as a results file keeps them."""
+        return {"machine": self.machine, "cpu": self.cpu, "forward": self.forward, "rounds": self.rounds,
+                "spread": self.spread, "target_ms": {str(n): ms for n, ms in self.target_ms.items()},
+                "ar_ms": self.ar_ms, "drafters": {name: vars(cost) for name, cost in self.drafters.items()}}
+
+
+def _target_calls(target, input_ids, positions):
+    """A function that times one round of the target's calls on each of ``positions`` after ``input_ids`` (1, T),
+    over the engine's cache and forward, rolling the cache back after each: {n: seconds}."""
+    cache, forward = cache_and_forward(target, input_ids.shape[1] + max(positions))
+    forward(input_ids, past_key_values=cache, logits_to_keep=1)
+    filler = input_ids[:, -1:]
+
+    def round_():
+        seconds = {}
+        for n in positions:
+            started = _clock()
+            forward(filler.repeat(1, n), past_key_values=cache, logits_to_keep=n)
+            seconds[n] = _clock() - started
+            rollback(cache, n)
+        return seconds
+    return round_
+
+
+@torch.inference_mode()
+def measure(target, prompts, drafters=None, positions=POSITIONS, rounds: int = 5, max_new_tokens: int = 64,
+            sampler=Sampler(0), seed: int = 0) -> CostModel:
+    """The `CostModel` of ``target`` on this machine (module docstring).
+
+    ``prompts``: (1, T) tensors; the target's calls are timed after the first, the generations run on all.
+    ``drafters``: {name: (drafter, k)}, a `Drafter` or a draft model and the draft length its generation uses.
+    ``positions``: the n of T(n), 1 among them. ``rounds``: timed rounds, after one untimed (lazy initialisation).
+    """
+    check_integer("rounds", rounds, 1)
+    if not prompts:
+        raise ValueError("prompts must hold at least one (1, T) tensor of token ids")
+    for n in positions:
+        check_integer("positions", n, 1)
+    positions = sorted(set(positions))
+    if positions[0] != 1:
+        raise ValueError(f"positions must include 1, the call every ratio is over (got {positions})")
+    drafters = dict(drafters or {})
+    calls = _target_calls(target, prompts[0], positions)
+    times = {n: [] for n in positions}
+    ar, profiles = [], {name: [] for name in drafters}
+    for round_ in range(rounds + 1):  # round 0 is untimed
+        for n, seconds in calls().items():
+            times[n].append(seconds)
+        started, tokens = _clock(), 0
+        for input_ids in prompts:
+            tokens += len(autoregressive_generate(target, input_ids, max_new_tokens, sampler, seed).token_ids)
+        ar.append(1000 * (_clock() - started) / tokens)
+        for name, (drafter, k) in drafters.items():
+            profiles[name].append(step_profile(target, drafter, prompts, k, max_new_tokens, sampler, seed,
+                                               warm=False))
+    target_ms = {n: 1000 * statistics.median(seconds[1:]) for n, seconds in times.items()}
+    spreads = [(max(seconds[1:]) - min(seconds[1:])) / statistics.median(seconds[1:]) for seconds in times.values()]
+    costs = {name: _drafter_cost(runs[1:], drafters[name][1]) for name, runs in profiles.items()}
+    ar_ms = statistics.median(ar[1:])
+    spreads.append((max(ar[1:]) - min(ar[1:])) / ar_ms)
+    return CostModel(target_ms, ar_ms, costs, rounds, max(spreads), machine(), cpu_model(), forward_name(target))
+
+
+def _drafter_cost(profiles: list[dict], k: int) -> DrafterCost:
+    """A drafter's terms from its rounds' step profiles: the median of each."""
+    def median(part):
+        return statistics.median(part(profile) for profile in profiles)
+    calls = median(lambda profile: profile["draft_calls_per_step"])
+    drafting = median(lambda profile: profile["ms_per_step"]["draft"])
+    engine = median(lambda profile: sum(profile["ms_per_step"][part] for part in ENGINE_PARTS))
+    return DrafterCost(drafting / calls if calls else None, drafting, engine, calls, k)
+
+
+def for_methods(target, methods, prompts, rounds: int = 3, max_new_tokens: int = 64, sampler=Sampler(0),
+                seed: int = 0) -> tuple[CostModel, dict]:
+    """The `CostModel` for a table's ``methods`` (`specbook.bench.Method`): one entry per drafter among them, named
+    after the first method that drafts with it and timed at its draft length; and {method name: drafter name},
+    what `predicted` reads."""
+    drafters, names, seen = {}, {}, {}
+    for method in methods:
+        if method.drafter is None:
+            continue
+        if id(method.drafter) not in seen:
+            seen[id(method.drafter)] = method.name
+            drafters[method.name] = (method.drafter, method.draft_length)
+        names[method.name] = seen[id(method.drafter)]
+    return measure(target, prompts, drafters, rounds=rounds, max_new_tokens=max_new_tokens, sampler=sampler,
+                   seed=seed), names
+
+
+def predicted(rows: list[dict], costs: CostModel, drafters: dict) -> list[dict]:
+    """`specbook.bench.run_benchmark`'s ``rows`` with the prediction beside each measurement: for each row whose
+    method ``drafters`` maps to a drafter of ``costs`` ({method name: drafter name}), ``predicted_ms_per_token``,
+    ``bound_ms_per_token``, ``predicted_speedup`` and ``bound_speedup`` from its own counts; NaN elsewhere. The
+    speedups are over the cost model's autoregressive decoding, measured in its own run."""
+    out = []
+    for row in rows:
+        prediction = {"predicted_ms_per_token": float("nan"), "bound_ms_per_token": float("nan"),
+                      "predicted_speedup": float("nan"), "bound_speedup": float("nan")}
+        if row["method"] in drafters:
+            tokens = row["tokens_per_call"]
+            guess = costs.predict(tokens, row["positions_per_call"], row["draft_calls_per_token"] * tokens,
+                                  drafters[row["method"]])
+            prediction = {"predicted_ms_per_token": guess["ms_per_token"],
+                          "bound_ms_per_token": guess["bound_ms_per_token"],
+                          "predicted_speedup": guess["speedup"], "bound_speedup": guess["bound_speedup"]}
+        out.append({**row, **prediction})
+    return out

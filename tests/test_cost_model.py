@@ -1,0 +1,94 @@
+"""The cost model: its arithmetic on terms given by hand, its refusals, and a measurement on tiny models."""
+
+import math
+
+import pytest
+import torch
+
+from specbook.bench import autoregressive, run_benchmark, speculative
+from specbook.cost_model import CostModel, DrafterCost, for_methods, measure, predicted
+from specbook.drafters import PromptLookupDrafter
+from specbook.sampling import Sampler
+
+from support import tiny_model
+
+PROMPTS = [torch.tensor([[1, 2, 3, 4, 5, 1, 2, 3]]), torch.tensor([[7, 8, 9, 7, 8]])]
+
+
+@pytest.fixture
+def costs():
+    return CostModel(target_ms={1: 2.0, 2: 2.2, 5: 3.0}, ar_ms=2.5,
+                     drafters={"draft": DrafterCost(call_ms=0.3, step_ms=1.2, engine_ms=0.4, calls_per_step=4, k=4),
+                               "lookup": DrafterCost(call_ms=None, step_ms=0.1, engine_ms=0.5, calls_per_step=0, k=4)})
+
+
+def test_a_step_is_the_target_call_the_draft_calls_and_the_engine(costs):
+    guess = costs.predict(tokens_per_call=3, positions_per_call=5, draft_calls_per_step=4, drafter="draft")
+    assert guess["ms_per_token"] == pytest.approx((3.0 + 4 * 0.3 + 0.4) / 3)
+    assert guess["bound_ms_per_token"] == pytest.approx(3.0 / 3)
+    assert guess["speedup"] == pytest.approx(2.5 * 3 / 4.6)
+    assert guess["bound_speedup"] == pytest.approx(2.5)
+    lookup = costs.predict(2, 5, 0, "lookup")  # no model call: its host work a step
+    assert lookup["ms_per_token"] == pytest.approx((3.0 + 0.1 + 0.5) / 2)
+
+
+def test_v_and_c_are_chapter_3s_ratios(costs):
+    assert costs.v(1) == 1 and costs.v(5) == pytest.approx(1.5)
+    assert costs.call_ms(3.5) == pytest.approx(2.2 + 0.5 * 0.8)  # between the timed 2 and 5
+    assert costs.c("draft") == pytest.approx(0.15)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda costs: costs.call_ms(6), r"positions must be in \[1, 5\]"),
+    (lambda costs: costs.predict(0.5, 2, 1, "draft"), "tokens_per_call must be >= 1"),
+    (lambda costs: costs.predict(2, 2, -1, "draft"), "draft_calls_per_step must be >= 0"),
+    (lambda costs: costs.predict(2, 2, 1, "medusa"), "drafter must be one this model measured"),
+    (lambda costs: costs.c("lookup"), "makes no model call"),
+])
+def test_bad_input_is_refused_by_name(costs, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(costs)
+
+
+@pytest.fixture(scope="module")
+def measured():
+    target, draft = tiny_model(num_layers=2, seed=0), tiny_model(num_layers=1, seed=1)
+    return target, draft, measure(target, PROMPTS, {"draft": (draft, 3), "lookup": (PromptLookupDrafter(), 3)},
+                                  positions=(1, 2, 4), rounds=2, max_new_tokens=12)
+
+
+def test_measure_times_every_term(measured):
+    _, _, costs = measured
+    assert sorted(costs.target_ms) == [1, 2, 4] and all(ms > 0 for ms in costs.target_ms.values())
+    assert costs.ar_ms > 0 and costs.rounds == 2 and costs.spread >= 0 and costs.cpu
+    draft, lookup = costs.drafters["draft"], costs.drafters["lookup"]
+    assert 1 <= draft.calls_per_step <= 3 and draft.call_ms > 0 and draft.engine_ms > 0 and draft.k == 3
+    assert lookup.call_ms is None and lookup.calls_per_step == 0
+    assert set(costs.as_dict()["drafters"]) == {"draft", "lookup"}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"rounds": 0}, "rounds must be an integer >= 1"),
+    ({"positions": (2, 4)}, "positions must include 1"),
+    ({"positions": (1, 0)}, "positions must be an integer >= 1"),
+])
+def test_measure_refuses_bad_options(measured, options, message):
+    target, _, _ = measured
+    with pytest.raises(ValueError, match=message):
+        measure(target, PROMPTS, **options)
+    with pytest.raises(ValueError, match="prompts must hold"):
+        measure(target, [])
+
+
+def test_a_benchmarks_rows_get_the_prediction_beside_the_measurement(measured):
+    target, draft, _ = measured
+    greedy = Sampler(0)
+    methods = [autoregressive(target, greedy, 12), speculative(target, draft, 2, greedy, 12),
+               speculative(target, draft, 3, greedy, 12, name="draft, k=3")]
+    costs, drafters = for_methods(target, methods, PROMPTS, rounds=1, max_new_tokens=12, sampler=greedy)
+    assert drafters == {"speculative k=2": "speculative k=2", "draft, k=3": "speculative k=2"}  # one drafter, timed once
+    rows = predicted(run_benchmark(methods, PROMPTS, repeats=1, progress=False), costs, drafters)
+    assert math.isnan(rows[0]["predicted_ms_per_token"])  # autoregressive: measured, not predicted
+    for row in rows[1:]:
+        assert 0 < row["bound_ms_per_token"] < row["predicted_ms_per_token"]
+        assert row["bound_speedup"] > row["predicted_speedup"] > 0
