@@ -2,8 +2,8 @@
 
 Runs in the environment `make vllm-env` builds (``make test-vllm``); elsewhere it is skipped. Each engine starts
 without compilation (``eager``: about 25 s on two cores), on six prompts of the book's three kinds of text and
-its held-out verse: autoregressive decoding, the draft model, PARD and the EAGLE-3 head's chain give the package's
-greedy tokens, through the offline engine and through the server under concurrent requests, and their tokens per
+its held-out verse: autoregressive decoding, the draft model, PARD and the EAGLE-3 head's chain (with the whole
+vocabulary and with a reduced one, mapped to the target's ids by ``d2t``) give the package's greedy tokens, through the offline engine and through the server under concurrent requests, and their tokens per
 target call are within 5% of the package's at the same K.
 """
 
@@ -14,10 +14,10 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM runs in its own environment: make test-vllm")
 
-from specbook import (Eagle3Drafter, PardDrafter, Sampler, autoregressive_generate, load_pair,  # noqa: E402
+from specbook import (Eagle3Drafter, Eagle3Head, PardDrafter, Sampler, autoregressive_generate, load_pair,  # noqa: E402
                       speculative_generate)
 from specbook.bench import HELD_OUT, INPUT_GROUNDED, OPEN_ENDED  # noqa: E402
-from specbook.export import export_pair  # noqa: E402
+from specbook.export import export_pair, write_eagle3  # noqa: E402
 from specbook.models import load_model  # noqa: E402
 from specbook.vllm_runs import (concurrent_requests, counts_between, llm_generate, offline, serve,  # noqa: E402
                                 server_counts, spec_counts)
@@ -72,6 +72,21 @@ def test_offline_engine_gives_the_package_greedy_tokens(method, pair, prompts, r
         drafter = (PardDrafter(load_model("shakespeare", "pard")) if method == "pard"
                    else Eagle3Drafter.from_pretrained("shakespeare", pair.target))
         assert counts["tokens_per_call"] == pytest.approx(package_tokens_per_call(pair, prompts, drafter), rel=0.05)
+
+
+def test_a_reduced_vocabulary_head_drafts_as_the_package_does(pair, prompts, reference, folders, tmp_path):
+    """The EAGLE-3 head with a 512-token draft vocabulary: vLLM maps its LM head's rows to the target's ids with the
+    exported ``d2t``; a wrong map would draft other tokens, still exact but with fewer accepted."""
+    head = Eagle3Head.from_pretrained("shakespeare", pair.target).with_vocabulary(512)
+    head.save(tmp_path / "head")
+    write_eagle3(tmp_path / "head", tmp_path / "eagle3", folders["target"])
+    with offline({**folders, "eagle3": tmp_path / "eagle3"}, "eagle3", K, eager=True) as llm:
+        before = spec_counts(llm)
+        tokens, _ = llm_generate(llm, prompts, NEW_TOKENS)
+        counts = counts_between(before, spec_counts(llm))
+    assert tokens == reference
+    ours = package_tokens_per_call(pair, prompts, Eagle3Drafter(pair.target, head))
+    assert counts["tokens_per_call"] == pytest.approx(ours, rel=0.05)
 
 
 def test_server_under_concurrent_requests_gives_the_same_tokens(prompts, reference, folders, tmp_path):
