@@ -247,8 +247,16 @@ RECORDED_BY = {  # results/<name>: the command that records it, from the reposit
                   "--json results/batch.json",
     "seq2seq.json": "python -m specbook bench --suite seq2seq --json results/seq2seq.json",
     "pard.json": "python -m specbook bench --suite pard --json results/pard.json",
+    "eagle3.json": "python -m specbook bench --suite eagle3 --eagle3-variants data/eagle3-ablation "
+                   "--json results/eagle3.json",
     "vllm.json": "make vllm-env && .venv-vllm/bin/python scripts/vllm_side_by_side.py --json results/vllm.json",
 }
+# The sources that set how fast the package decodes, from the repository's root: a CPU results file recorded at a
+# commit whose sources here differ from HEAD's describes another engine (tests/test_results.py).
+ENGINE_SOURCES = tuple(f"src/specbook/{name}" for name in (
+    "batch.py", "cache.py", "decoder.py", "decoding.py", "drafters", "eagle3.py", "glide.py", "graphs.py",
+    "heads.py", "masks.py", "models.py", "mtp.py", "packed.py", "policies.py", "ragged.py", "rejection.py",
+    "row_graphs.py", "sampling.py", "seq2seq.py", "tree_verification.py", "trees.py"))
 
 
 RESULTS = Path(__file__).parent / "results"  # the repository's results/, which the package ships (a link in src/)
@@ -276,7 +284,7 @@ def machine() -> str:
     """The machine a benchmark ran on, in words, for captions and result files."""
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} CPU threads"
+    return f"{cpu_model()}, {torch.get_num_threads()} CPU threads"
 
 
 def cpu_model() -> str:

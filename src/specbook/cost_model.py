@@ -12,7 +12,7 @@ c = t_draft / T(1). Autoregressive decoding writes one token per call of T(1) pl
 a method is T(n) / E: its speed were drafting and the engine free.
 
 `measure` times every term on the reader's machine in one run, in interleaved rounds (each round times every
-term once, so that a slow moment of the machine falls on all of them alike): the target's call on each n of
+term, so that a slow moment of the machine falls on all of them alike): the target's call on each n of
 ``positions`` after a prompt, with the forward and cache the engine uses (`specbook.decoder.cache_and_forward`);
 autoregressive decoding's ms a token; and for each drafter one speculative generation split by
 `specbook.profile.step_profile` into its drafting (per call) and the engine's work (per step). `CostModel.predict`
@@ -37,6 +37,7 @@ from .profile import step_profile
 from .sampling import Sampler
 
 POSITIONS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)  # the n at which the target's call is timed
+CALLS_PER_ROUND = 5  # the target's calls in a row on each n a round, of which the round keeps the median
 ENGINE_PARTS = ("probabilities", "verification", "rollback", "engine")  # `step_profile`'s parts that are the engine's
 
 
@@ -122,21 +123,25 @@ class CostModel:
                 "ar_ms": self.ar_ms, "drafters": {name: vars(cost) for name, cost in self.drafters.items()}}
 
 
-def _target_calls(target, input_ids, positions):
+def _target_calls(target, input_ids, positions, calls: int = CALLS_PER_ROUND):
     """A function that times one round of the target's calls on each of ``positions`` after ``input_ids`` (1, T),
-    over the engine's cache and forward, rolling the cache back after each: {n: seconds}."""
+    over the engine's cache and forward, rolling the cache back after each: {n: seconds}, the median of ``calls``
+    calls in a row on each n. In a row, as a generation makes them: a call right after a wider one runs slower
+    (its activations have pushed the weights out of the CPU's caches), and one call lasts milliseconds, within
+    the reach of a single hiccup of the machine."""
     cache, forward = cache_and_forward(target, input_ids.shape[1] + max(positions))
     forward(input_ids, past_key_values=cache, logits_to_keep=1)
     filler = input_ids[:, -1:]
 
     def round_():
-        seconds = {}
+        seconds = {n: [] for n in positions}
         for n in positions:
-            started = _clock()
-            forward(filler.repeat(1, n), past_key_values=cache, logits_to_keep=n)
-            seconds[n] = _clock() - started
-            rollback(cache, n)
-        return seconds
+            for _ in range(calls):
+                started = _clock()
+                forward(filler.repeat(1, n), past_key_values=cache, logits_to_keep=n)
+                seconds[n].append(_clock() - started)
+                rollback(cache, n)
+        return {n: statistics.median(times) for n, times in seconds.items()}
     return round_
 
 

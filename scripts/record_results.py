@@ -1,0 +1,65 @@
+"""Re-record every CPU results file the book reads (``make results``), one after the other.
+
+Each file is recorded by its command in `specbook.bench.RECORDED_BY`, from the repository's root, with this
+environment's Python; the EAGLE-3 ablations that ``--suite eagle3`` compares are trained first where they are
+missing (they are not shipped: ``python -m specbook.train`` writes them under data/eagle3-ablation). Run it on a
+quiet machine -- every file is a timing -- from a clean commit: each file records the commit and the CPU, and
+tests/test_results.py checks that the engine has not changed since. About two hours on two cores.
+
+    python scripts/record_results.py [--only family.json,eagle3.json] [--dry-run]
+"""
+
+import argparse
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from specbook.bench import RECORDED_BY
+
+ROOT = Path(__file__).resolve().parents[1]
+ABLATIONS = {  # folder under data/eagle3-ablation -> its training options
+    "eagle3-no-ttt": ["--eagle3-ttt", "1"],
+    "eagle3-top-layer": ["--eagle3-layers=-1"],
+    "eagle3-vocab512": ["--eagle3-vocab", "512"],
+}
+
+
+def commands(names) -> list[str]:
+    """The shell commands that record ``names``, the ablations' training first where eagle3.json needs it."""
+    python = shlex.quote(sys.executable)
+    out = []
+    if "eagle3.json" in names:
+        missing = [name for name in ABLATIONS if not (ROOT / "data/eagle3-ablation" / name / "config.json").exists()]
+        if missing:
+            out.append(f"{python} -m specbook.train --stages corpus")
+        out += [f"{python} -m specbook.train --stages eagle3 {' '.join(ABLATIONS[name])} "
+                f"--eagle3-dir data/eagle3-ablation/{name}" for name in missing]
+    for name in names:
+        command = RECORDED_BY[name]
+        out.append(f"{python} {command.removeprefix('python ')}" if command.startswith("python ") else command)
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", help=f"comma-separated files, of {', '.join(RECORDED_BY)} (default: all)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = parser.parse_args()
+    names = list(RECORDED_BY) if args.only is None else args.only.split(",")
+    unknown = [name for name in names if name not in RECORDED_BY]
+    if unknown:
+        parser.error(f"--only: {unknown} are not recorded files; choose from {', '.join(RECORDED_BY)}")
+    for command in commands(names):
+        print(f"$ {command}", flush=True)
+        if args.dry_run:
+            continue
+        started = time.perf_counter()
+        if subprocess.run(command, shell=True, cwd=ROOT).returncode:
+            sys.exit(f"failed: {command}")
+        print(f"  {(time.perf_counter() - started) / 60:.1f} min", flush=True)
+
+
+if __name__ == "__main__":
+    main()
