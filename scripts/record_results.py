@@ -4,7 +4,7 @@ Each file is recorded by its command in `specbook.bench.RECORDED_BY`, from the r
 environment's Python; the EAGLE-3 ablations that ``--suite eagle3`` compares are trained first where they are
 missing (they are not shipped: ``python -m specbook.train`` writes them under data/eagle3-ablation). Run it on a
 quiet machine -- every file is a timing -- from a clean commit: each file records the commit and the CPU, and
-tests/test_results.py checks that the engine has not changed since. About two hours on two cores.
+tests/test_results.py checks that the engine has not changed since.
 
     python scripts/record_results.py [--only family.json,eagle3.json] [--dry-run]
 """

@@ -85,10 +85,22 @@ def test_a_benchmarks_rows_get_the_prediction_beside_the_measurement(measured):
     greedy = Sampler(0)
     methods = [autoregressive(target, greedy, 12), speculative(target, draft, 2, greedy, 12),
                speculative(target, draft, 3, greedy, 12, name="draft, k=3")]
-    costs, drafters = for_methods(target, methods, PROMPTS, rounds=1, max_new_tokens=12, sampler=greedy)
+    costs, drafters = for_methods(methods, PROMPTS, rounds=1, max_new_tokens=12, sampler=greedy)
     assert drafters == {"speculative k=2": "speculative k=2", "draft, k=3": "speculative k=2"}  # one drafter, timed once
     rows = predicted(run_benchmark(methods, PROMPTS, repeats=1, progress=False), costs, drafters)
     assert math.isnan(rows[0]["predicted_ms_per_token"])  # autoregressive: measured, not predicted
     for row in rows[1:]:
         assert 0 < row["bound_ms_per_token"] < row["predicted_ms_per_token"]
         assert row["bound_speedup"] > row["predicted_speedup"] > 0
+
+
+def test_only_rows_on_the_default_path_of_one_target_are_predicted(measured):
+    target, draft, _ = measured
+    greedy = Sampler(0)
+    on_static = [autoregressive(target, greedy, 12), speculative(target, draft, 2, greedy, 12, cache="static")]
+    assert for_methods(on_static, PROMPTS) == (None, {})  # the static cache's calls are not what it times
+    rows = predicted(run_benchmark(on_static, PROMPTS, repeats=1, progress=False), None, {})
+    assert all(math.isnan(row["predicted_ms_per_token"]) for row in rows)
+    other = tiny_model(num_layers=1, seed=2)
+    with pytest.raises(ValueError, match="methods must share one target"):
+        for_methods([speculative(target, draft, 2, greedy, 12), speculative(other, draft, 2, greedy, 12)], PROMPTS)

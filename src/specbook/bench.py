@@ -69,7 +69,8 @@ ALL_CATEGORIES = {**CATEGORIES, "held-out": HELD_OUT[:8]}  # and verse the book 
 @dataclass
 class Method:
     """One row of a benchmark: a name and a function (input_ids, seed) -> (token_ids, stats or None); for a
-    speculative row, its drafter and draft length (an int or a policy), which `specbook.cost_model` times."""
+    speculative row on the engine's default path, its target, drafter and draft length (an int or a policy),
+    which `specbook.cost_model` times."""
 
     name: str
     run: object
@@ -77,6 +78,7 @@ class Method:
     weight_bytes: int = 0  # the target's weights, which every target call reads
     drafter: object = None
     draft_length: object = None
+    target: object = None
 
 
 def autoregressive(target, sampler, max_new_tokens, **path):
@@ -94,7 +96,8 @@ def speculative(target, drafter, k, sampler, max_new_tokens, name=None, **path):
     def run(input_ids, seed):
         result = speculative_generate(target, drafter, input_ids, max_new_tokens, k, sampler, seed, **path)
         return result.token_ids, result.stats
-    return Method(label, run, k if isinstance(k, int) else None, weight_bytes(target), drafter, k)
+    return Method(label, run, k if isinstance(k, int) else None, weight_bytes(target),
+                  None if path else drafter, k, target)  # the cost model times the default path only
 
 
 def with_hugging_face_forward(method: Method) -> Method:
@@ -251,12 +254,10 @@ RECORDED_BY = {  # results/<name>: the command that records it, from the reposit
                    "--json results/eagle3.json",
     "vllm.json": "make vllm-env && .venv-vllm/bin/python scripts/vllm_side_by_side.py --json results/vllm.json",
 }
-# The sources that set how fast the package decodes, from the repository's root: a CPU results file recorded at a
-# commit whose sources here differ from HEAD's describes another engine (tests/test_results.py).
-ENGINE_SOURCES = tuple(f"src/specbook/{name}" for name in (
-    "batch.py", "cache.py", "decoder.py", "decoding.py", "drafters", "eagle3.py", "glide.py", "graphs.py",
-    "heads.py", "masks.py", "models.py", "mtp.py", "packed.py", "policies.py", "ragged.py", "rejection.py",
-    "row_graphs.py", "sampling.py", "seq2seq.py", "tree_verification.py", "trees.py"))
+ENGINE_SOURCES = tuple(f"src/specbook/{name}" for name in (  # what sets how fast the package decodes: a results file
+    "batch.py", "cache.py", "decoder.py", "decoding.py", "drafters", "eagle3.py", "glide.py", "graphs.py", "heads.py",
+    "masks.py", "models.py", "mtp.py", "packed.py", "policies.py", "ragged.py", "rejection.py", "row_graphs.py",
+    "sampling.py", "seq2seq.py", "tree_verification.py", "trees.py"))  # from a commit where they differ is stale
 
 
 RESULTS = Path(__file__).parent / "results"  # the repository's results/, which the package ships (a link in src/)

@@ -67,8 +67,7 @@ def run_table(pair, args, path):
     for name in (["open", "grounded"] if args.prompts == "both" else [args.prompts]):
         prompts = [pair.encode(text) for text in PROMPT_SETS[name]]
         rows = run_benchmark(methods, prompts, args.repeats, args.seed)
-        costs, drafters = for_methods(pair.target, methods, prompts, args.repeats, args.max_new_tokens, sampler,
-                                      args.seed)
+        costs, drafters = for_methods(methods, prompts, args.repeats, args.max_new_tokens, sampler, args.seed)
         frames.append(pd.DataFrame(predicted(rows, costs, drafters)).assign(prompts=name))
     table = pd.concat(frames, ignore_index=True).drop(columns="round_seconds").assign(machine=machine(), **path)
     shown = show_spreads(table.drop(columns=["machine", *path]), ["seconds"], unit=" s", digits=3)
@@ -149,18 +148,21 @@ def _engine(pair, args) -> dict:
 def _rows_by_category(pair, args, groups_for, samplings=None) -> list[dict]:
     """Time ``groups_for(sampler)`` -- lists of methods, each with its baseline first -- on every kind of text of
     --categories, under each of ``samplings`` (default: greedy and sampled, `_samplings`): one row per method,
-    category and sampling. A greedy row whose tokens differ from its baseline's stops the run: exactness is
-    checked, not assumed."""
+    category and sampling, with the cost model's prediction beside the measured time (`specbook.cost_model`,
+    measured on the category's first prompt after each group's benchmark). A greedy row whose tokens differ from
+    its baseline's stops the run: exactness is checked, not assumed."""
     rows = []
     for sampling, sampler in (samplings or _samplings(args)).items():
         groups = groups_for(sampler)
         for category, methods in ((category, methods) for category in args.categories for methods in groups):
             prompts = [pair.encode(text) for text in ALL_CATEGORIES[category]]
-            for row in run_benchmark(methods, prompts, args.repeats, args.seed):
+            measured = run_benchmark(methods, prompts, args.repeats, args.seed)
+            costs, drafters = for_methods(methods, prompts[:1], args.repeats, args.max_new_tokens, sampler, args.seed)
+            for row in predicted(measured, costs, drafters):
                 if sampling == "greedy" and not row["same_tokens"]:
                     raise AssertionError(f"{row['method']} changed the greedy output on the {category} prompts")
                 kept = ("k", "tokens_per_call", "acceptance_rate", "positions_per_call", "ms_per_token",
-                        "draft_calls_per_token")
+                        "draft_calls_per_token", "predicted_ms_per_token", "bound_ms_per_token")
                 rows.append({"method": row["method"], "category": category, "sampling": sampling,
                              "speedup_vs_ar": row["speedup"], "speedup_vs_ar_min": row["speedup_min"],
                              "speedup_vs_ar_max": row["speedup_max"],

@@ -194,24 +194,30 @@ def _drafter_cost(profiles: list[dict], k: int) -> DrafterCost:
     return DrafterCost(drafting / calls if calls else None, drafting, engine, calls, k)
 
 
-def for_methods(target, methods, prompts, rounds: int = 3, max_new_tokens: int = 64, sampler=Sampler(0),
-                seed: int = 0) -> tuple[CostModel, dict]:
+def for_methods(methods, prompts, rounds: int = 3, max_new_tokens: int = 64, sampler=Sampler(0),
+                seed: int = 0) -> tuple[CostModel | None, dict]:
     """The `CostModel` for a table's ``methods`` (`specbook.bench.Method`): one entry per drafter among them, named
     after the first method that drafts with it and timed at its draft length; and {method name: drafter name},
-    what `predicted` reads."""
+    what `predicted` reads. None and {} where no method drafts on the default path (on the GPU path's options, or
+    an encoder-decoder target, the model does not time the calls those runs make)."""
+    timed = [method for method in methods if method.drafter is not None
+             and not getattr(method.target.config, "is_encoder_decoder", False)]
+    if not timed:
+        return None, {}
+    targets = {id(method.target) for method in timed}
+    if len(targets) > 1:
+        raise ValueError("methods must share one target: a cost model times one target's calls")
     drafters, names, seen = {}, {}, {}
-    for method in methods:
-        if method.drafter is None:
-            continue
+    for method in timed:
         if id(method.drafter) not in seen:
             seen[id(method.drafter)] = method.name
             drafters[method.name] = (method.drafter, method.draft_length)
         names[method.name] = seen[id(method.drafter)]
-    return measure(target, prompts, drafters, rounds=rounds, max_new_tokens=max_new_tokens, sampler=sampler,
+    return measure(timed[0].target, prompts, drafters, rounds=rounds, max_new_tokens=max_new_tokens, sampler=sampler,
                    seed=seed), names
 
 
-def predicted(rows: list[dict], costs: CostModel, drafters: dict) -> list[dict]:
+def predicted(rows: list[dict], costs: CostModel | None, drafters: dict) -> list[dict]:
     """`specbook.bench.run_benchmark`'s ``rows`` with the prediction beside each measurement: for each row whose
     method ``drafters`` maps to a drafter of ``costs`` ({method name: drafter name}), ``predicted_ms_per_token``,
     ``bound_ms_per_token``, ``predicted_speedup`` and ``bound_speedup`` from its own counts; NaN elsewhere. The
@@ -220,7 +226,7 @@ def predicted(rows: list[dict], costs: CostModel, drafters: dict) -> list[dict]:
     for row in rows:
         prediction = {"predicted_ms_per_token": float("nan"), "bound_ms_per_token": float("nan"),
                       "predicted_speedup": float("nan"), "bound_speedup": float("nan")}
-        if row["method"] in drafters:
+        if costs is not None and row["method"] in drafters:
             tokens = row["tokens_per_call"]
             guess = costs.predict(tokens, row["positions_per_call"], row["draft_calls_per_token"] * tokens,
                                   drafters[row["method"]])
