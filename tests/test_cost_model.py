@@ -104,3 +104,16 @@ def test_only_rows_on_the_default_path_of_one_target_are_predicted(measured):
     other = tiny_model(num_layers=1, seed=2)
     with pytest.raises(ValueError, match="methods must share one target"):
         for_methods([speculative(target, draft, 2, greedy, 12), speculative(other, draft, 2, greedy, 12)], PROMPTS)
+
+
+def test_a_calls_anatomy_keeps_the_operators_and_grows_the_weights(measured):
+    from specbook.cost_model import call_anatomy
+
+    target, _, _ = measured
+    rows = call_anatomy(target, PROMPTS[0], factors=(0.5, 1, 2), rounds=1)
+    assert [row["factor"] for row in rows] == [0.5, 1, 2]
+    assert len({row["operators"] for row in rows}) == 1  # the same operators at every width
+    assert rows[0]["weight_mb"] < rows[1]["weight_mb"] < rows[2]["weight_mb"]
+    assert rows[1]["hidden_size"] == target.config.hidden_size and all(row["ms"] > 0 for row in rows)
+    with pytest.raises(ValueError, match="factors must be"):
+        call_anatomy(target, PROMPTS[0], factors=(0, 1))

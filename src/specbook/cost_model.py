@@ -17,12 +17,15 @@ term, so that a slow moment of the machine falls on all of them alike): the targ
 autoregressive decoding's ms a token; and for each drafter one speculative generation split by
 `specbook.profile.step_profile` into its drafting (per call) and the engine's work (per step). `CostModel.predict`
 turns a method's counts (tokens per call, positions per call, draft calls a step) into ms a token, and
-`predicted` adds the prediction and the bound to `specbook.bench.run_benchmark`'s rows.
+`predicted` adds the prediction and the bound to `specbook.bench.run_benchmark`'s rows. `call_anatomy` splits one
+call's T(1) into the fixed cost of its operators and the reading of its weights, by timing twins of the model at
+other widths (the same operators, other weights).
 
     costs = measure(pair.target, prompts, {"draft model": (pair.draft, 4)})
     costs.predict(tokens_per_call=2.7, positions_per_call=5, draft_calls_per_step=4, drafter="draft model")
 """
 
+import copy
 import statistics
 from dataclasses import dataclass, field
 
@@ -32,8 +35,10 @@ from .bench import _clock, cpu_model, machine
 from .cache import rollback
 from .decoder import cache_and_forward, forward_name
 from .decoding import autoregressive_generate
+from .kernels import count_kernels
+from .models import weight_bytes
 from .policies import check_integer
-from .profile import step_profile
+from .profile import copy_bandwidth, step_profile
 from .sampling import Sampler
 
 POSITIONS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)  # the n at which the target's call is timed
@@ -235,3 +240,51 @@ def predicted(rows: list[dict], costs: CostModel | None, drafters: dict) -> list
                           "predicted_speedup": guess["speedup"], "bound_speedup": guess["bound_speedup"]}
         out.append({**row, **prediction})
     return out
+
+
+WIDTHS = ("hidden_size", "intermediate_size", "head_dim")  # what `resized` multiplies
+
+
+def resized(model, factor: float):
+    """A model of ``model``'s architecture with every width (`WIDTHS`) multiplied by ``factor``, its layers, heads and
+    vocabulary kept, and random weights: a call dispatches the same operators over about factor^2 the weights."""
+    from .costs import build_model
+
+    config = copy.deepcopy(model.config)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    for name, width in (("hidden_size", config.hidden_size), ("intermediate_size", config.intermediate_size),
+                        ("head_dim", head_dim)):
+        setattr(config, name, max(2, 2 * round(width * factor / 2)))  # even: the rotary halves
+    return build_model(config, model.device, model.dtype)
+
+
+@torch.inference_mode()
+def call_anatomy(model, input_ids, factors=(0.125, 1, 2, 4), rounds: int = 5) -> list[dict]:
+    """Where a call's time goes (chapter 4, §4.9): ``model``'s call on one position after ``input_ids`` (1, T),
+    and the same call of its twins with every width multiplied by each of ``factors`` (`resized`; factor 1 is
+    ``model`` itself). The operators a call dispatches are the same at every width, the weights grow with the
+    square of it, so the narrowest twin's call is the operators' fixed cost alone, and what a wider call adds is
+    the cost of its weights. Per factor: ``operators`` (`specbook.kernels.count_kernels`), ``weight_mb``, ``ms``
+    (T(1), medians of ``rounds`` rounds of `CALLS_PER_ROUND` calls in a row), ``us_per_operator`` (ms over
+    operators), ``gb_s`` (weights over the time above the narrowest twin's), beside ``copy_gb_s``, the machine's
+    copy bandwidth."""
+    check_integer("rounds", rounds, 1)
+    if not factors or any(not factor > 0 for factor in factors):
+        raise ValueError(f"factors must be widths' multipliers > 0 (got {factors})")
+    rows = []
+    for factor in sorted(factors):
+        twin = model if factor == 1 else resized(model, factor)
+        calls = _target_calls(twin, input_ids, [1])
+        ms = 1000 * statistics.median(calls()[1] for _ in range(rounds + 1))
+        cache, forward = cache_and_forward(twin, input_ids.shape[1] + 1)
+        forward(input_ids, past_key_values=cache, logits_to_keep=1)
+        operators = count_kernels(forward, input_ids[:, -1:], past_key_values=cache)
+        rows.append({"factor": factor, "hidden_size": twin.config.hidden_size, "operators": operators,
+                     "weight_mb": weight_bytes(twin) / 1e6, "ms": ms, "us_per_operator": 1000 * ms / operators})
+    floor = rows[0]["ms"]
+    copy_gb_s = copy_bandwidth(model.device)
+    for row in rows:
+        above = row["ms"] - floor
+        row["gb_s"] = row["weight_mb"] / 1e3 / (above / 1e3) if above > 0 else float("nan")
+        row["copy_gb_s"] = copy_gb_s
+    return rows
