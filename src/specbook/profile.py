@@ -118,11 +118,12 @@ def step_profile(target, drafter, prompts, k=4, max_new_tokens=64, sampler=Sampl
             "draft_calls_per_step": draft_calls / steps}
 
 
-def autoregressive_ms(target, prompts, max_new_tokens=64, sampler=Sampler(0), seed=0, **path) -> float:
-    """Milliseconds per token of autoregressive decoding over ``prompts`` ((1, T) tensors), after one untimed run:
-    the baseline a speculative step's parts are weighed against. A step of E tokens whose target call takes t ms
-    can run at most E * (this) / t times as fast, even were drafting and the engine free."""
-    autoregressive_generate(target, prompts[0], max_new_tokens, sampler, seed, **path)
+def autoregressive_ms(target, prompts, max_new_tokens=64, sampler=Sampler(0), seed=0, warm=True, **path) -> float:
+    """Milliseconds per token of autoregressive decoding over ``prompts`` ((1, T) tensors), after one untimed run
+    with ``warm``: the baseline a speculative step's parts are weighed against. A step of E tokens whose target
+    call takes t ms can run at most E * (this) / t times as fast, even were drafting and the engine free."""
+    if warm:
+        autoregressive_generate(target, prompts[0], max_new_tokens, sampler, seed, **path)
     started, tokens = _clock(), 0
     for input_ids in prompts:
         tokens += len(autoregressive_generate(target, input_ids, max_new_tokens, sampler, seed, **path).token_ids)

@@ -3,8 +3,9 @@
 Runs in the environment `make vllm-env` builds (``make test-vllm``); elsewhere it is skipped. Each engine starts
 without compilation (``eager``: about 25 s on two cores), on six prompts of the book's three kinds of text and
 its held-out verse: autoregressive decoding, the draft model, PARD and the EAGLE-3 head's chain (with the whole
-vocabulary and with a reduced one, mapped to the target's ids by ``d2t``) give the package's greedy tokens, through the offline engine and through the server under concurrent requests, and their tokens per
-target call are within 5% of the package's at the same K.
+vocabulary and with a reduced one, mapped to the target's ids by ``d2t``) give the package's greedy tokens,
+through the offline engine and through the server under concurrent requests, and their tokens per target call
+are within 5% of the package's at the same K.
 """
 
 import json
