@@ -1,8 +1,9 @@
 """Re-record every CPU results file the book reads (``make results``), one after the other.
 
 Each file is recorded by its command in `specbook.bench.RECORDED_BY`, from the repository's root, with this
-environment's Python; the EAGLE-3 ablations that ``--suite eagle3`` compares are trained first where they are
-missing (they are not shipped: ``python -m specbook.train`` writes them under data/eagle3-ablation). Run it on a
+environment's Python; the ablations that ``--suite eagle3`` and ``--suite pard`` compare are trained first where
+they are missing (they are not shipped: ``python -m specbook.train`` writes them under data/eagle3-ablation and
+data/pard-ablation). Run it on a
 quiet machine -- every file is a timing -- from a clean commit: each file records the commit and the CPU, and
 tests/test_results.py checks that the engine has not changed since.
 
@@ -19,23 +20,25 @@ from pathlib import Path
 from specbook.bench import RECORDED_BY
 
 ROOT = Path(__file__).resolve().parents[1]
-ABLATIONS = {  # folder under data/eagle3-ablation -> its training options
-    "eagle3-no-ttt": ["--eagle3-ttt", "1"],
-    "eagle3-top-layer": ["--eagle3-layers=-1"],
-    "eagle3-vocab512": ["--eagle3-vocab", "512"],
+ABLATIONS = {  # results file -> (its variants' folder under data, {variant: its training options})
+    "eagle3.json": ("data/eagle3-ablation", {"eagle3-no-ttt": "--stages eagle3 --eagle3-ttt 1",
+                                             "eagle3-top-layer": "--stages eagle3 --eagle3-layers=-1",
+                                             "eagle3-vocab512": "--stages eagle3 --eagle3-vocab 512"}),
+    "pard.json": ("data/pard-ablation", {"pard-no-cod": "--stages pard --pard-ratio 1"}),
 }
 
 
 def commands(names) -> list[str]:
-    """The shell commands that record ``names``, the ablations' training first where eagle3.json needs it."""
+    """The shell commands that record ``names``, each file's missing variants trained first (after the corpus)."""
     python = shlex.quote(sys.executable)
-    out = []
-    if "eagle3.json" in names:
-        missing = [name for name in ABLATIONS if not (ROOT / "data/eagle3-ablation" / name / "config.json").exists()]
-        if missing:
-            out.append(f"{python} -m specbook.train --stages corpus")
-        out += [f"{python} -m specbook.train --stages eagle3 {' '.join(ABLATIONS[name])} "
-                f"--eagle3-dir data/eagle3-ablation/{name}" for name in missing]
+    training = []
+    for name in names:
+        folder, variants = ABLATIONS.get(name, (None, {}))
+        for variant, options in variants.items():
+            if not (ROOT / folder / variant / "config.json").exists():
+                stage = options.split()[1]
+                training.append(f"{python} -m specbook.train {options} --{stage}-dir {folder}/{variant}")
+    out = [f"{python} -m specbook.train --stages corpus"] + training if training else []
     for name in names:
         command = RECORDED_BY[name]
         out.append(f"{python} {command.removeprefix('python ')}" if command.startswith("python ") else command)

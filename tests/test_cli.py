@@ -294,6 +294,29 @@ def test_the_eagle3_suite_compares_heads_and_positions(tmp_path, monkeypatch):
     assert results["heads"]["EAGLE-3 without training-time test"]["ttt_steps"] == 1
 
 
+def test_the_pard_suite_labels_a_variant_by_its_training(tmp_path, monkeypatch):
+    """bench --suite pard: the draft model against PARD, and a draft from --pard-variants labelled by what its
+    training.json sets apart (here: no COD), with α by position for each and its training record."""
+    import json
+
+    from specbook.models import assets_dir, load_model
+
+    monkeypatch.setenv("SPECBOOK_QUICK_TIMING", "1")
+    variant = tmp_path / "variants" / "no-cod"
+    load_model("shakespeare", "pard").save_pretrained(variant)
+    record = json.loads((assets_dir() / "pard" / "training.json").read_text())
+    (variant / "training.json").write_text(json.dumps({**record, "cod": {**record["cod"], "ratio": 1.0}}))
+    out = tmp_path / "pard.json"
+    main(["bench", "--suite", "pard", "--categories", "repetitive", "--max-new-tokens", "8", "--repeats", "1",
+          "--pard-variants", str(tmp_path / "variants"), "--json", str(out)])
+    results = json.loads(out.read_text())
+    methods = {row["method"] for row in results["rows"]}
+    assert {"draft model, k=6", "PARD, k=8", "PARD without COD, k=4", "PARD trained on the corpus, k=4"} <= methods
+    assert all(row["same_tokens"] for row in results["rows"] if row["sampling"] == "greedy")
+    assert {"PARD without COD", "PARD trained on the corpus"} <= set(results["alpha_by_position"])
+    assert results["training"]["PARD without COD"]["cod"]["ratio"] == 1.0
+
+
 def test_the_trees_suite_times_each_tree_size_on_the_gpu_path(tmp_path, monkeypatch):
     """bench --suite trees --gpu-path: the chain and the dynamic tree at each size, on the static cache with the
     graphs' stand-in, every row the baseline's greedy tokens, with its size and its milliseconds per step."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specbook.bench import autoregressive, run_benchmark, speculative
-from specbook.cost_model import CostModel, DrafterCost, for_methods, measure, predicted
+from specbook.cost_model import CostModel, DrafterCost, benchmark, for_methods, measure, predicted
 from specbook.drafters import PromptLookupDrafter
 from specbook.sampling import Sampler
 
@@ -85,13 +85,37 @@ def test_a_benchmarks_rows_get_the_prediction_beside_the_measurement(measured):
     greedy = Sampler(0)
     methods = [autoregressive(target, greedy, 12), speculative(target, draft, 2, greedy, 12),
                speculative(target, draft, 3, greedy, 12, name="draft, k=3")]
-    costs, drafters = for_methods(methods, PROMPTS, rounds=1, max_new_tokens=12, sampler=greedy)
+    meter, drafters = for_methods(methods, PROMPTS, max_new_tokens=12, sampler=greedy)
     assert drafters == {"speculative k=2": "speculative k=2", "draft, k=3": "speculative k=2"}  # one drafter, timed once
-    rows = predicted(run_benchmark(methods, PROMPTS, repeats=1, progress=False), costs, drafters)
+    assert list(meter.drafters) == ["speculative k=2"]
+    rows = benchmark(methods, PROMPTS, repeats=2, max_new_tokens=12, sampler=greedy, progress=False)
     assert math.isnan(rows[0]["predicted_ms_per_token"])  # autoregressive: measured, not predicted
     for row in rows[1:]:
         assert 0 < row["bound_ms_per_token"] < row["predicted_ms_per_token"]
         assert row["bound_speedup"] > row["predicted_speedup"] > 0
+
+
+def test_a_meter_times_its_rounds_between_the_benchmarks(measured, monkeypatch):
+    """`benchmark` runs one untimed round of the cost model's terms, then one before each of the benchmark's rounds,
+    and the model takes the timed ones; a meter with no timed round is refused."""
+    import specbook.cost_model
+
+    target, draft, _ = measured
+    greedy = Sampler(0)
+    meters = []
+    original = specbook.cost_model.Meter.model
+
+    def model(self):
+        meters.append(self)
+        return original(self)
+    monkeypatch.setattr(specbook.cost_model.Meter, "model", model)
+    benchmark([autoregressive(target, greedy, 8), speculative(target, draft, 2, greedy, 8)], PROMPTS, repeats=3,
+              max_new_tokens=8, sampler=greedy, progress=False)
+    assert len(meters[0].ar) == 4 and meters[0].model().rounds == 3
+    untimed, _ = for_methods([speculative(target, draft, 2, greedy, 8)], PROMPTS, max_new_tokens=8)
+    untimed()
+    with pytest.raises(ValueError, match="needs a timed round after the untimed first"):
+        untimed.model()
 
 
 def test_only_rows_on_the_default_path_of_one_target_are_predicted(measured):

@@ -7,9 +7,9 @@ against Hugging Face's ``generate(assistant_model=...)``), never against numbers
 Every time and speedup comes with the spread of its rounds (`specbook.spread.speedup_range`), and a
 "fastest" method is named only with the methods its spread cannot tell it from (`specbook.spread.fastest`).
 
-This module holds the book's prompts, the rows a benchmark times (`Method`, made by `autoregressive`,
-`speculative` and `hugging_face_assisted`), the runner, the book's recorded runs, and the measurements the
-chapters read beside a benchmark (per-token latency, alpha); each chapter's list of rows is in `specbook.suites`.
+This module holds the book's prompts, the rows a benchmark times (`Method`: `autoregressive`, `speculative`,
+`hugging_face_assisted`), the runner, the recorded runs, and what the chapters read beside a benchmark (per-token
+latency, alpha); each chapter's list of rows is in `specbook.suites`.
 """
 
 import json
@@ -101,8 +101,8 @@ def speculative(target, drafter, k, sampler, max_new_tokens, name=None, **path):
 
 
 def with_hugging_face_forward(method: Method) -> Method:
-    """``method`` run with Hugging Face's forward (`specbook.decoder.hugging_face_forward`): the same generation on
-    the other forward, to know which autoregressive decoding is the fastest baseline."""
+    """``method`` run with Hugging Face's forward (`specbook.decoder.hugging_face_forward`): to know which
+    autoregressive decoding is the fastest baseline."""
     def run(input_ids, seed):
         with hugging_face_forward():
             return method.run(input_ids, seed)
@@ -111,8 +111,7 @@ def with_hugging_face_forward(method: Method) -> Method:
 
 def generate_options(target, sampler, max_new_tokens, eos_token_id=None) -> dict:
     """Keyword arguments that make Hugging Face's ``generate`` decode as ``sampler`` does: the same warp, no
-    repetition penalty, and an early stop only at ``eos_token_id`` (None: never), whatever the generation config
-    says, so that its outputs have the length of the other methods'."""
+    repetition penalty, and an early stop only at ``eos_token_id`` (None: never), whatever its generation config."""
     options = dict(do_sample=not sampler.greedy, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                    pad_token_id=target.config.eos_token_id, repetition_penalty=1.0)
     if not sampler.greedy:
@@ -123,12 +122,11 @@ def generate_options(target, sampler, max_new_tokens, eos_token_id=None) -> dict
 def hugging_face_assisted(target, draft, sampler, max_new_tokens, k=None, eos_token_id=None):
     """``target.generate(assistant_model=draft)``: its own schedule when k is None, else exactly k drafts a step.
 
-    Like the other methods it stops early only at ``eos_token_id`` (by default never), so all produce the
-    same length, and it applies no repetition penalty, whatever the models' own generation configs say.
-    An encoder-decoder target reads ``input_ids`` with its encoder and so does the assistant with its own
-    (Hugging Face shares the target's encoder states only with an assistant that has no encoder). Hugging Face
-    reads the draft length from the *assistant's* generation config, so a fixed k is set there for the
-    duration of the call.
+    Like the other methods it stops early only at ``eos_token_id`` (by default never), and it applies no
+    repetition penalty, whatever the models' generation configs say. An encoder-decoder target reads ``input_ids``
+    with its encoder and so does the assistant with its own (Hugging Face shares the target's encoder states only
+    with an assistant that has no encoder). The draft length is read from the *assistant's* generation config,
+    so a fixed k is set there for the call.
     """
     from transformers import GenerationConfig
     from transformers.utils import logging
@@ -159,7 +157,8 @@ def hugging_face_assisted(target, draft, sampler, max_new_tokens, k=None, eos_to
     return Method("HF assisted" + (f" k={k}" if k is not None else " (its schedule)"), run, k, weight_bytes(target))
 
 
-def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every_prompt=False, counts_from_rows=False):
+def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every_prompt=False, counts_from_rows=False,
+                  between_rounds=None):
     """Time every method on every prompt (``prompts``: list of (1, T) tensors); return a list of row dicts.
 
     The runs are interleaved: each of ``repeats`` rounds runs every method on every prompt in turn,
@@ -176,8 +175,8 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
     as `make nbval` does: then one round on the first prompt and no warm-up, since nbval ignores timing
     cells' outputs; ``counts_from_rows`` says that a later cell counts from the rows -- acceptance, tokens
     per call -- and nbval compares what it prints, so every prompt runs, once);
-    ``warm_every_prompt`` runs it untimed on every prompt, so that compiled steps meet every input
-    length the timed runs will (the last step of a speculative run verifies fewer drafts).
+    ``warm_every_prompt`` runs it untimed on every prompt, so that compiled steps meet every input length the
+    timed runs will; ``between_rounds`` is called before each round (`specbook.cost_model.benchmark`'s own).
 
     The spread of the rounds: ``seconds_min`` and ``seconds_max`` are the totals over prompts of
     each prompt's fastest and slowest round (so seconds_min <= seconds <= seconds_max);
@@ -199,6 +198,8 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
     stats = [[None] * len(prompts) for _ in methods]
     rounds = tqdm(total=repeats * len(prompts) * len(methods), desc="benchmark", disable=not progress)
     for _ in range(repeats):
+        if between_rounds is not None:
+            between_rounds()
         for p, input_ids in enumerate(prompts):
             for m, method in enumerate(methods):
                 started = _clock()
@@ -249,7 +250,7 @@ RECORDED_BY = {  # results/<name>: the command that records it, from the reposit
     "batch.json": "python -m specbook bench --suite batch --batch-sizes 1,2,4,8,16,32 --ks 1,2,3,4 --repeats 5 "
                   "--json results/batch.json",
     "seq2seq.json": "python -m specbook bench --suite seq2seq --json results/seq2seq.json",
-    "pard.json": "python -m specbook bench --suite pard --json results/pard.json",
+    "pard.json": "python -m specbook bench --suite pard --pard-variants data/pard-ablation --json results/pard.json",
     "eagle3.json": "python -m specbook bench --suite eagle3 --eagle3-variants data/eagle3-ablation "
                    "--json results/eagle3.json",
     "vllm.json": "make vllm-env && .venv-vllm/bin/python scripts/vllm_side_by_side.py --json results/vllm.json",
@@ -316,11 +317,10 @@ def project_commit() -> str | None:
 def decode_latency(model, input_ids, new_tokens=64, repeats=3, **path):
     """Median seconds per decoded token (batch 1, KV cache, greedy) after prefilling ``input_ids``.
 
-    The time of ``new_tokens - 1`` decoding steps: a run of ``new_tokens`` minus a run of one (each
-    the median of ``repeats``), so the prompt's prefill and the setup cancel out; on a GPU the
-    prefill runs uncompiled and would otherwise inflate every step. ``path``: the GPU path's
-    ``cache`` and ``compile`` options; the model runs once untimed first (lazy initialisation,
-    compilation)."""
+    The time of ``new_tokens - 1`` decoding steps: a run of ``new_tokens`` minus a run of one (each the median of
+    ``repeats``), so the prompt's prefill and the setup cancel out; on a GPU the prefill runs uncompiled and would
+    otherwise inflate every step. ``path``: the GPU path's ``cache`` and ``compile`` options; the model runs once
+    untimed first (lazy initialisation, compilation)."""
     if new_tokens < 2:
         raise ValueError(f"new_tokens must be >= 2: one run is subtracted from another (got {new_tokens})")
 

@@ -263,6 +263,10 @@ def main(argv=None):
                      help="--suite eagle3: a folder of EAGLE-3 heads trained otherwise, one a subfolder (python -m "
                           "specbook.train --stages eagle3 --eagle3-dir FOLDER/NAME ...), each compared with the "
                           "built-in one")
+    ben.add_argument("--pard-variants", default=None,
+                     help="--suite pard: a folder of PARD drafts trained otherwise, one a subfolder (python -m "
+                          "specbook.train --stages pard --pard-dir FOLDER/NAME ...), each compared with the built-in "
+                          "one")
     ben.add_argument("--eagle3-vocab", type=_positive_int, default=512,
                      help="--suite eagle3: the reduced draft vocabulary's size, the most frequent tokens of the "
                           "training text (default: %(default)s)")

@@ -7,14 +7,13 @@ suite that records a results file (gpu, family, eagle3, trees, seq2seq, batch, c
 
 import json
 import sys
-from pathlib import Path
 
 import torch
 
 from . import graphs
 from .batch_bench import batch_suite, report
 from .bench import ALL_CATEGORIES, PROMPT_SETS, acceptance_by_position, machine, run_benchmark
-from .cost_model import for_methods, predicted
+from .cost_model import benchmark
 from .costs import CPU_SCALE, cost_probe
 from .costs import report as costs_report
 from .decoder import forward_name
@@ -28,6 +27,7 @@ from .mtp import load_mtp
 from .profile import autoregressive_ms, copy_bandwidth, step_profile
 from .sampling import Sampler
 from .spread import show_spreads, spread_of, tie_text
+from .ablations import eagle3_heads, pard_variants
 from .suites import (TREE_SIZES, ablation, comparison, eagle3_rows, encoder_decoder, family, heads_and_trees,
                      multi_token, parallel_drafting, tree_name, tree_sizes)
 
@@ -66,16 +66,15 @@ def run_table(pair, args, path):
     frames = []
     for name in (["open", "grounded"] if args.prompts == "both" else [args.prompts]):
         prompts = [pair.encode(text) for text in PROMPT_SETS[name]]
-        rows = run_benchmark(methods, prompts, args.repeats, args.seed)
-        costs, drafters = for_methods(methods, prompts, args.repeats, args.max_new_tokens, sampler, args.seed)
-        frames.append(pd.DataFrame(predicted(rows, costs, drafters)).assign(prompts=name))
+        rows = benchmark(methods, prompts, args.repeats, args.seed, args.max_new_tokens, sampler, cost_prompts=prompts)
+        frames.append(pd.DataFrame(rows).assign(prompts=name))
     table = pd.concat(frames, ignore_index=True).drop(columns="round_seconds").assign(machine=machine(), **path)
     shown = show_spreads(table.drop(columns=["machine", *path]), ["seconds"], unit=" s", digits=3)
     print(show_spreads(shown, ["speedup"]).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print("seconds and speedup: the median round (the lowest and highest round's); predicted_ms_per_token: the cost "
           "model's (specbook.cost_model: the target's call on the row's positions, its drafter's calls and the "
-          "engine's work, each measured once, over its tokens per call); bound_ms_per_token: drafting and the "
-          "engine free")
+          "engine's work, timed in the benchmark's rounds, over its tokens per call); bound_ms_per_token: drafting "
+          "and the engine free")
     print(f"{machine()}; {in_words(path)}")
     print(f"bandwidth_gb_s: the target's weights read per second if every token read them once; this machine's "
           f"copy bandwidth is {copy_bandwidth(pair.target.device):.1f} GB/s")
@@ -148,17 +147,15 @@ def _engine(pair, args) -> dict:
 def _rows_by_category(pair, args, groups_for, samplings=None) -> list[dict]:
     """Time ``groups_for(sampler)`` -- lists of methods, each with its baseline first -- on every kind of text of
     --categories, under each of ``samplings`` (default: greedy and sampled, `_samplings`): one row per method,
-    category and sampling, with the cost model's prediction beside the measured time (`specbook.cost_model`,
-    measured on the category's first prompt after each group's benchmark). A greedy row whose tokens differ from
-    its baseline's stops the run: exactness is checked, not assumed."""
+    category and sampling, with the cost model's prediction beside the measured time (`specbook.cost_model.benchmark`:
+    its terms timed on the category's first prompt, in the benchmark's rounds). A greedy row whose tokens differ
+    from its baseline's stops the run: exactness is checked, not assumed."""
     rows = []
     for sampling, sampler in (samplings or _samplings(args)).items():
         groups = groups_for(sampler)
         for category, methods in ((category, methods) for category in args.categories for methods in groups):
             prompts = [pair.encode(text) for text in ALL_CATEGORIES[category]]
-            measured = run_benchmark(methods, prompts, args.repeats, args.seed)
-            costs, drafters = for_methods(methods, prompts[:1], args.repeats, args.max_new_tokens, sampler, args.seed)
-            for row in predicted(measured, costs, drafters):
+            for row in benchmark(methods, prompts, args.repeats, args.seed, args.max_new_tokens, sampler):
                 if sampling == "greedy" and not row["same_tokens"]:
                     raise AssertionError(f"{row['method']} changed the greedy output on the {category} prompts")
                 kept = ("k", "tokens_per_call", "acceptance_rate", "positions_per_call", "ms_per_token",
@@ -209,34 +206,6 @@ def run_family(pair, args, path):
 ALPHA_POSITIONS = 6  # the eagle3 suite measures α at draft positions 1 .. 6
 
 
-def eagle3_heads(pair, variants=None) -> dict:
-    """The EAGLE-3 heads to compare, by label: the built-in one, "EAGLE-3", then every head saved in a folder of
-    ``variants`` (``python -m specbook.train --stages eagle3 --eagle3-dir ...``), labelled by what sets it apart
-    from the built-in one: its feature layers, its training-time test's steps (training.json's ``ttt_steps``), or
-    its draft vocabulary."""
-    folders = [assets_dir(pair.name) / "eagle3"]
-    if variants is not None:
-        folders += sorted(folder for folder in Path(variants).iterdir() if (folder / "config.json").is_file())
-    heads, built_in = {}, None
-    for folder in folders:
-        head = Eagle3Head.from_pretrained(folder, pair.target)
-        head.ttt_steps = json.loads((folder / "training.json").read_text()).get("ttt_steps")
-        built_in = built_in or head
-        differences = []
-        if head.feature_layers != built_in.feature_layers:
-            differences.append("on the features alone" if head.feature_layers == (-1,) else
-                               "on layers " + ", ".join(map(str, head.feature_layers)))
-        if head.ttt_steps != built_in.ttt_steps:
-            differences.append("without training-time test" if head.ttt_steps == 1 else
-                               f"with a {head.ttt_steps}-step training-time test")
-        if len(head.vocab) != len(built_in.vocab):
-            differences.append(f"trained on a {len(head.vocab)}-token draft vocabulary")
-        if head is not built_in and not differences:  # trained like the built-in head: its folder tells it apart
-            differences.append(f"({folder.name})")
-        heads[" ".join(["EAGLE-3", *differences])] = head
-    return heads
-
-
 def run_eagle3(pair, args, path):
     """EAGLE against EAGLE-3 (`specbook.suites.eagle3_rows`), greedy and sampled, on every kind of text: the built-in
     heads, the EAGLE-3 variants saved under --eagle3-variants, and the built-in EAGLE-3 with a reduced vocabulary of
@@ -275,9 +244,11 @@ def run_eagle3(pair, args, path):
 def run_pard(pair, args, path):
     """The draft model against its PARD adaptation (`specbook.suites.parallel_drafting`), greedy and sampled, on every
     kind of text of --categories (verse of plays the pair never trained on included); α at each draft position of
-    both, on all the prompts, the draft model at K = 6 and PARD at its largest trained K; written as JSON."""
-    pard, text = (load_model(pair.name, part, pair.target.device, pair.target.dtype) for part in ("pard", "pard-text"))
-    variants = {"PARD trained on the corpus": text}
+    both, on all the prompts, the draft model at K = 6 and PARD at its largest trained K, and of each draft trained
+    otherwise (`pard_variants`, with those saved under --pard-variants); written as JSON."""
+    pard = load_model(pair.name, "pard", pair.target.device, pair.target.dtype)
+    trained = pard_variants(pair, args.pard_variants)
+    variants = {name: model for name, (model, _) in trained.items()}
     engine = _engine(pair, args)
     prompts = [pair.encode(text) for category in args.categories for text in ALL_CATEGORIES[category]]
     positions = {}
@@ -294,8 +265,8 @@ def run_pard(pair, args, path):
         parallel_drafting(pair, pard, sampler, args.max_new_tokens, variants=variants, **engine)])
     _print_speedups(rows, args, path)
     if args.json:
-        training = {part: json.loads((assets_dir(pair.name) / part / "training.json").read_text())
-                    for part in ("pard", "pard-text")}
+        training = {"PARD": json.loads((assets_dir(pair.name) / "pard" / "training.json").read_text()),
+                    **{name: meta for name, (_, meta) in trained.items()}}
         results = {"machine": machine(), **path, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
                    "sampled_temperature": _samplings(args)["sampled"].temperature, "categories": args.categories,
                    "training": {part: {key: meta.get(key) for key in ("mask_token", "depths", "cod", "greedy_windows",

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .bench import _clock, cpu_model, machine
+from .bench import _clock, cpu_model, machine, run_benchmark
 from .cache import rollback
 from .decoder import cache_and_forward, forward_name
 from .kernels import count_kernels
@@ -149,7 +149,50 @@ def _target_calls(target, input_ids, positions, calls: int = CALLS_PER_ROUND):
     return round_
 
 
-@torch.inference_mode()
+class Meter:
+    """Times a `CostModel`'s terms one round at a time (`measure` says which), so that a benchmark can time them in
+    its own rounds (`benchmark`): a slow moment of the machine then falls on the prediction and the measurement
+    alike. The first round is untimed (lazy initialisation); `model` takes the medians of the others."""
+
+    def __init__(self, target, prompts, drafters=None, positions=POSITIONS, max_new_tokens: int = 64,
+                 sampler=Sampler(0), seed: int = 0):
+        if not prompts:
+            raise ValueError("prompts must hold at least one (1, T) tensor of token ids")
+        for n in positions:
+            check_integer("positions", n, 1)
+        positions = sorted(set(positions))
+        if positions[0] != 1:
+            raise ValueError(f"positions must include 1, the call every ratio is over (got {positions})")
+        self.target, self.prompts, self.drafters = target, prompts, dict(drafters or {})
+        self.max_new_tokens, self.sampler, self.seed = max_new_tokens, sampler, seed
+        self.calls = _target_calls(target, prompts[0], positions)
+        self.times, self.ar, self.profiles = {n: [] for n in positions}, [], {name: [] for name in self.drafters}
+
+    @torch.inference_mode()
+    def __call__(self) -> None:
+        """One round: the target's calls on every n, autoregressive decoding, and each drafter's generation."""
+        for n, seconds in self.calls().items():
+            self.times[n].append(seconds)
+        self.ar.append(autoregressive_ms(self.target, self.prompts, self.max_new_tokens, self.sampler, self.seed,
+                                         warm=False))
+        for name, (drafter, k) in self.drafters.items():
+            self.profiles[name].append(step_profile(self.target, drafter, self.prompts, k, self.max_new_tokens,
+                                                    self.sampler, self.seed, warm=False))
+
+    def model(self) -> CostModel:
+        """The medians of the rounds after the first."""
+        if len(self.ar) < 2:
+            raise ValueError(f"a cost model needs a timed round after the untimed first (got {len(self.ar)} rounds)")
+        times = {n: seconds[1:] for n, seconds in self.times.items()}
+        target_ms = {n: 1000 * statistics.median(seconds) for n, seconds in times.items()}
+        spreads = [(max(seconds) - min(seconds)) / statistics.median(seconds) for seconds in times.values()]
+        costs = {name: _drafter_cost(runs[1:], self.drafters[name][1]) for name, runs in self.profiles.items()}
+        ar_ms = statistics.median(self.ar[1:])
+        spreads.append((max(self.ar[1:]) - min(self.ar[1:])) / ar_ms)
+        return CostModel(target_ms, ar_ms, costs, len(self.ar) - 1, max(spreads), machine(), cpu_model(),
+                         forward_name(self.target))
+
+
 def measure(target, prompts, drafters=None, positions=POSITIONS, rounds: int = 5, max_new_tokens: int = 64,
             sampler=Sampler(0), seed: int = 0) -> CostModel:
     """The `CostModel` of ``target`` on this machine (module docstring).
@@ -159,30 +202,10 @@ def measure(target, prompts, drafters=None, positions=POSITIONS, rounds: int = 5
     ``positions``: the n of T(n), 1 among them. ``rounds``: timed rounds, after one untimed (lazy initialisation).
     """
     check_integer("rounds", rounds, 1)
-    if not prompts:
-        raise ValueError("prompts must hold at least one (1, T) tensor of token ids")
-    for n in positions:
-        check_integer("positions", n, 1)
-    positions = sorted(set(positions))
-    if positions[0] != 1:
-        raise ValueError(f"positions must include 1, the call every ratio is over (got {positions})")
-    drafters = dict(drafters or {})
-    calls = _target_calls(target, prompts[0], positions)
-    times = {n: [] for n in positions}
-    ar, profiles = [], {name: [] for name in drafters}
-    for round_ in range(rounds + 1):  # round 0 is untimed
-        for n, seconds in calls().items():
-            times[n].append(seconds)
-        ar.append(autoregressive_ms(target, prompts, max_new_tokens, sampler, seed, warm=False))
-        for name, (drafter, k) in drafters.items():
-            profiles[name].append(step_profile(target, drafter, prompts, k, max_new_tokens, sampler, seed,
-                                               warm=False))
-    target_ms = {n: 1000 * statistics.median(seconds[1:]) for n, seconds in times.items()}
-    spreads = [(max(seconds[1:]) - min(seconds[1:])) / statistics.median(seconds[1:]) for seconds in times.values()]
-    costs = {name: _drafter_cost(runs[1:], drafters[name][1]) for name, runs in profiles.items()}
-    ar_ms = statistics.median(ar[1:])
-    spreads.append((max(ar[1:]) - min(ar[1:])) / ar_ms)
-    return CostModel(target_ms, ar_ms, costs, rounds, max(spreads), machine(), cpu_model(), forward_name(target))
+    meter = Meter(target, prompts, drafters, positions, max_new_tokens, sampler, seed)
+    for _ in range(rounds + 1):
+        meter()
+    return meter.model()
 
 
 def _drafter_cost(profiles: list[dict], k: int) -> DrafterCost:
@@ -195,12 +218,12 @@ def _drafter_cost(profiles: list[dict], k: int) -> DrafterCost:
     return DrafterCost(drafting / calls if calls else None, drafting, engine, calls, k)
 
 
-def for_methods(methods, prompts, rounds: int = 3, max_new_tokens: int = 64, sampler=Sampler(0),
-                seed: int = 0) -> tuple[CostModel | None, dict]:
-    """The `CostModel` for a table's ``methods`` (`specbook.bench.Method`): one entry per drafter among them, named
-    after the first method that drafts with it and timed at its draft length; and {method name: drafter name},
-    what `predicted` reads. None and {} where no method drafts on the default path (on the GPU path's options, or
-    an encoder-decoder target, the model does not time the calls those runs make)."""
+def for_methods(methods, prompts, max_new_tokens: int = 64, sampler=Sampler(0), seed: int = 0) -> tuple[Meter | None,
+                                                                                                  dict]:
+    """The `Meter` for a table's ``methods`` (`specbook.bench.Method`), its rounds not yet run: one drafter for each
+    drafter among them, named after the first method that drafts with it and timed at its draft length; and
+    {method name: drafter name}, what `predicted` reads. None and {} where no method drafts on the default path (on
+    the GPU path's options, or an encoder-decoder target, the model does not time the calls those runs make)."""
     timed = [method for method in methods if method.drafter is not None
              and not getattr(method.target.config, "is_encoder_decoder", False)]
     if not timed:
@@ -214,8 +237,19 @@ def for_methods(methods, prompts, rounds: int = 3, max_new_tokens: int = 64, sam
             seen[id(method.drafter)] = method.name
             drafters[method.name] = (method.drafter, method.draft_length)
         names[method.name] = seen[id(method.drafter)]
-    return measure(timed[0].target, prompts, drafters, rounds=rounds, max_new_tokens=max_new_tokens, sampler=sampler,
-                   seed=seed), names
+    return Meter(timed[0].target, prompts, drafters, max_new_tokens=max_new_tokens, sampler=sampler, seed=seed), names
+
+
+def benchmark(methods, prompts, repeats: int = 3, seed: int = 0, max_new_tokens: int = 64, sampler=Sampler(0),
+              cost_prompts=None, progress: bool = True) -> list[dict]:
+    """`specbook.bench.run_benchmark`'s rows, each with the cost model's prediction beside it (`predicted`), the
+    model's terms timed in the benchmark's own rounds, one round of theirs before each of its (on ``cost_prompts``,
+    default the first prompt: the terms are per call and per step, the rows give each method's counts)."""
+    meter, drafters = for_methods(methods, cost_prompts or prompts[:1], max_new_tokens, sampler, seed)
+    if meter is not None:
+        meter()  # its untimed round
+    rows = run_benchmark(methods, prompts, repeats, seed, progress, between_rounds=meter)
+    return predicted(rows, meter.model() if meter is not None else None, drafters)
 
 
 def predicted(rows: list[dict], costs: CostModel | None, drafters: dict) -> list[dict]:

@@ -69,7 +69,8 @@ def main(argv=None):
                              "(default: %(default)s)")
     parser.add_argument("--mtp-layers", type=int, default=2,
                         help="the target's top layers fine-tuned with the MTP heads (default: %(default)s)")
-    parser.add_argument("--pard-steps", type=int, default=400, help="the PARD draft's adaptation steps")
+    parser.add_argument("--pard-steps", type=int, default=600,
+                        help="the PARD draft's adaptation steps (default: %(default)s, the built-in one's)")
     parser.add_argument("--pard-depths", type=int, default=PARD_DEPTHS,
                         help="the most drafts a PARD call gives: the text and this many - 1 mask depths "
                              "(default: %(default)s)")
