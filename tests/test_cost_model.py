@@ -38,6 +38,18 @@ def test_v_and_c_are_chapter_3s_ratios(costs):
     assert costs.c("draft") == pytest.approx(0.15)
 
 
+def test_every_prompts_prefill_is_shared_by_the_tokens_after_it(costs):
+    """A row's time holds one prefill of each prompt (the target's call on its length), so its prediction does."""
+    row = {"method": "speculative", "tokens_per_call": 3, "positions_per_call": 5, "draft_calls_per_token": 4 / 3,
+           "tokens": 20}
+    plain, = predicted([row], costs, {"speculative": "draft"})
+    prompts = [torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 5, dtype=torch.long)]
+    with_prefill, = predicted([row], costs, {"speculative": "draft"}, prompts)
+    assert with_prefill["predicted_ms_per_token"] == pytest.approx(plain["predicted_ms_per_token"] + (2.2 + 3.0) / 20)
+    assert with_prefill["bound_ms_per_token"] == pytest.approx(plain["bound_ms_per_token"] + (2.2 + 3.0) / 20)
+    assert with_prefill["predicted_speedup"] == pytest.approx(2.5 / with_prefill["predicted_ms_per_token"])
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda costs: costs.call_ms(6), r"positions must be in \[1, 5\]"),
     (lambda costs: costs.predict(0.5, 2, 1, "draft"), "tokens_per_call must be >= 1"),

@@ -17,7 +17,10 @@ term, so that a slow moment of the machine falls on all of them alike): the targ
 autoregressive decoding's ms a token; and for each drafter one speculative generation split by
 `specbook.profile.step_profile` into its drafting (per call) and the engine's work (per step). `CostModel.predict`
 turns a method's counts (tokens per call, positions per call, draft calls a step) into ms a token, and
-`predicted` adds the prediction and the bound to `specbook.bench.run_benchmark`'s rows. `call_anatomy` splits one
+`predicted` adds the prediction and the bound to `specbook.bench.run_benchmark`'s rows, with each prompt's
+prefill, T(prompt length), shared by the tokens written after it (a generation of 64 tokens after a prompt of 75
+pays about five tokens' worth for it). `benchmark` times the terms in the benchmark's own rounds (`Meter`), so that
+the prediction and the measurement share the machine's moments. `call_anatomy` splits one
 call's T(1) into the fixed cost of its operators and the reading of its weights, by timing twins of the model at
 other widths (the same operators, other weights).
 
@@ -218,8 +221,8 @@ def _drafter_cost(profiles: list[dict], k: int) -> DrafterCost:
     return DrafterCost(drafting / calls if calls else None, drafting, engine, calls, k)
 
 
-def for_methods(methods, prompts, max_new_tokens: int = 64, sampler=Sampler(0), seed: int = 0) -> tuple[Meter | None,
-                                                                                                  dict]:
+def for_methods(methods, prompts, max_new_tokens: int = 64, sampler=Sampler(0), seed: int = 0,
+                positions=POSITIONS) -> tuple[Meter | None, dict]:
     """The `Meter` for a table's ``methods`` (`specbook.bench.Method`), its rounds not yet run: one drafter for each
     drafter among them, named after the first method that drafts with it and timed at its draft length; and
     {method name: drafter name}, what `predicted` reads. None and {} where no method drafts on the default path (on
@@ -237,26 +240,31 @@ def for_methods(methods, prompts, max_new_tokens: int = 64, sampler=Sampler(0), 
             seen[id(method.drafter)] = method.name
             drafters[method.name] = (method.drafter, method.draft_length)
         names[method.name] = seen[id(method.drafter)]
-    return Meter(timed[0].target, prompts, drafters, max_new_tokens=max_new_tokens, sampler=sampler, seed=seed), names
+    return Meter(timed[0].target, prompts, drafters, positions, max_new_tokens, sampler, seed), names
 
 
 def benchmark(methods, prompts, repeats: int = 3, seed: int = 0, max_new_tokens: int = 64, sampler=Sampler(0),
               cost_prompts=None, progress: bool = True) -> list[dict]:
     """`specbook.bench.run_benchmark`'s rows, each with the cost model's prediction beside it (`predicted`), the
     model's terms timed in the benchmark's own rounds, one round of theirs before each of its (on ``cost_prompts``,
-    default the first prompt: the terms are per call and per step, the rows give each method's counts)."""
-    meter, drafters = for_methods(methods, cost_prompts or prompts[:1], max_new_tokens, sampler, seed)
+    default the first prompt: the terms are per call and per step, the rows give each method's counts), the
+    target's call on every prompt's length among them (its prefill)."""
+    lengths = {input_ids.shape[1] for input_ids in prompts}
+    meter, drafters = for_methods(methods, cost_prompts or prompts[:1], max_new_tokens, sampler, seed,
+                                  sorted(set(POSITIONS) | lengths))
     if meter is not None:
         meter()  # its untimed round
     rows = run_benchmark(methods, prompts, repeats, seed, progress, between_rounds=meter)
-    return predicted(rows, meter.model() if meter is not None else None, drafters)
+    return predicted(rows, meter.model() if meter is not None else None, drafters, prompts)
 
 
-def predicted(rows: list[dict], costs: CostModel | None, drafters: dict) -> list[dict]:
+def predicted(rows: list[dict], costs: CostModel | None, drafters: dict, prompts=None) -> list[dict]:
     """`specbook.bench.run_benchmark`'s ``rows`` with the prediction beside each measurement: for each row whose
     method ``drafters`` maps to a drafter of ``costs`` ({method name: drafter name}), ``predicted_ms_per_token``,
     ``bound_ms_per_token``, ``predicted_speedup`` and ``bound_speedup`` from its own counts; NaN elsewhere. The
-    speedups are over the cost model's autoregressive decoding, measured in its own run."""
+    speedups are over the cost model's autoregressive decoding (prefills included). ``prompts``: the
+    benchmark's, (1, T) each: a row's time holds one prefill of each (the target's call on T positions, shared by
+    its ``tokens``), which the prediction and the bound then hold too; their lengths must be among the timed n."""
     out = []
     for row in rows:
         prediction = {"predicted_ms_per_token": float("nan"), "bound_ms_per_token": float("nan"),
@@ -265,9 +273,10 @@ def predicted(rows: list[dict], costs: CostModel | None, drafters: dict) -> list
             tokens = row["tokens_per_call"]
             guess = costs.predict(tokens, row["positions_per_call"], row["draft_calls_per_token"] * tokens,
                                   drafters[row["method"]])
-            prediction = {"predicted_ms_per_token": guess["ms_per_token"],
-                          "bound_ms_per_token": guess["bound_ms_per_token"],
-                          "predicted_speedup": guess["speedup"], "bound_speedup": guess["bound_speedup"]}
+            prefill = sum(costs.call_ms(ids.shape[1]) for ids in prompts) / row["tokens"] if prompts else 0.0
+            ms, bound = guess["ms_per_token"] + prefill, guess["bound_ms_per_token"] + prefill
+            prediction = {"predicted_ms_per_token": ms, "bound_ms_per_token": bound,
+                          "predicted_speedup": costs.ar_ms / ms, "bound_speedup": costs.ar_ms / bound}
         out.append({**row, **prediction})
     return out
 
