@@ -50,6 +50,15 @@ def test_every_prompts_prefill_is_shared_by_the_tokens_after_it(costs):
     assert with_prefill["predicted_speedup"] == pytest.approx(2.5 / with_prefill["predicted_ms_per_token"])
 
 
+def test_the_tokens_a_call_are_pooled_over_the_prompts_as_the_time_is(costs):
+    """Two prompts, one at 4 tokens a call and one at 1 (8 tokens each): the row's mean of ratios says 2.5, but its
+    time is 2 + 8 calls for 16 tokens, 1.6 a call, and the prediction counts those."""
+    row = {"method": "speculative", "tokens_per_call": 2.5, "positions_per_call": 5, "draft_calls_per_token": 0.5,
+           "tokens": 16, "target_calls": 10}
+    guess, = predicted([row], costs, {"speculative": "draft"})
+    assert guess["predicted_ms_per_token"] == pytest.approx(costs.predict(1.6, 5, 0.8, "draft")["ms_per_token"])
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda costs: costs.call_ms(6), r"positions must be in \[1, 5\]"),
     (lambda costs: costs.predict(0.5, 2, 1, "draft"), "tokens_per_call must be >= 1"),

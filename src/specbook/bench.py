@@ -221,8 +221,8 @@ def run_benchmark(methods, prompts, repeats=3, seed=0, progress=True, warm_every
                      "acceptance_rate": _mean([s.acceptance_rate for s in measured]),
                      "tokens_per_call": _mean([s.tokens_per_step for s in measured]),
                      "positions_per_call": _mean([s.positions_per_call for s in measured]),
-                     "draft_calls_per_token": (sum(s.draft_calls for s in measured) / tokens if measured
-                                               else float("nan")),
+                     "draft_calls_per_token": sum(s.draft_calls for s in measured) / tokens if measured else float("nan"),
+                     "target_calls": sum(s.target_calls for s in measured) if measured else float("nan"),
                      "round_seconds": [sum(rounds) for rounds in zip(*method_times)]})
     for row, method_outputs in zip(rows, outputs):
         row["speedup"] = rows[0]["seconds"] / row["seconds"]

@@ -261,7 +261,8 @@ def benchmark(methods, prompts, repeats: int = 3, seed: int = 0, max_new_tokens:
 def predicted(rows: list[dict], costs: CostModel | None, drafters: dict, prompts=None) -> list[dict]:
     """`specbook.bench.run_benchmark`'s ``rows`` with the prediction beside each measurement: for each row whose
     method ``drafters`` maps to a drafter of ``costs`` ({method name: drafter name}), ``predicted_ms_per_token``,
-    ``bound_ms_per_token``, ``predicted_speedup`` and ``bound_speedup`` from its own counts; NaN elsewhere. The
+    ``bound_ms_per_token``, ``predicted_speedup`` and ``bound_speedup`` from its own counts (its tokens over its
+    target calls, pooled over the prompts as its time is, not the mean of each prompt's ratio); NaN elsewhere. The
     speedups are over the cost model's autoregressive decoding (prefills included). ``prompts``: the
     benchmark's, (1, T) each: a row's time holds one prefill of each (the target's call on T positions, shared by
     its ``tokens``), which the prediction and the bound then hold too; their lengths must be among the timed n."""
@@ -270,7 +271,7 @@ def predicted(rows: list[dict], costs: CostModel | None, drafters: dict, prompts
         prediction = {"predicted_ms_per_token": float("nan"), "bound_ms_per_token": float("nan"),
                       "predicted_speedup": float("nan"), "bound_speedup": float("nan")}
         if costs is not None and row["method"] in drafters:
-            tokens = row["tokens_per_call"]
+            tokens = row["tokens"] / row["target_calls"] if "target_calls" in row else row["tokens_per_call"]
             guess = costs.predict(tokens, row["positions_per_call"], row["draft_calls_per_token"] * tokens,
                                   drafters[row["method"]])
             prefill = sum(costs.call_ms(ids.shape[1]) for ids in prompts) / row["tokens"] if prompts else 0.0
