@@ -249,7 +249,8 @@ RECORDED_BY = {  # results/<name>: the command that records it, from the reposit
     "family.json": "python -m specbook bench --suite family --json results/family.json",
     "batch.json": "python -m specbook bench --suite batch --batch-sizes 1,2,4,8,16,32 --ks 1,2,3,4 --repeats 5 "
                   "--json results/batch.json",
-    "seq2seq.json": "python -m specbook bench --suite seq2seq --json results/seq2seq.json",
+    "seq2seq.json": "python -m specbook bench --suite seq2seq --ks 2,4,6 --repeats 5 --max-new-tokens 96 "
+                    "--json results/seq2seq.json",
     "pard.json": "python -m specbook bench --suite pard --pard-variants data/pard-ablation --json results/pard.json",
     "eagle3.json": "python -m specbook bench --suite eagle3 --eagle3-variants data/eagle3-ablation "
                    "--json results/eagle3.json",
@@ -265,13 +266,11 @@ RESULTS = Path(__file__).parent / "results"  # the repository's results/, which 
 
 
 def read_recorded(name: str, required: bool = True) -> dict | None:
-    """A run the book shows from its results file, ``results/<name>`` (JSON).
-
-    The book's recorded runs live in the repository's ``results/`` folder, which the package ships as
-    ``specbook/results`` (``src/specbook/results`` links to it), so a notebook finds them from any folder and
-    on Colab, where the package is installed and the repository is not cloned. Where the file is missing:
-    None if not ``required`` (a GPU run this machine has not made), else a FileNotFoundError that says how to
-    record it."""
+    """A run the book shows from its results file, ``results/<name>`` (JSON): the repository's ``results/``, which
+    the package ships as ``specbook/results`` (``src/specbook/results`` links to it), so a notebook finds them from
+    any folder and on Colab, where the package is installed and the repository is not cloned. Where the file is
+    missing: None if not ``required`` (a GPU run this machine has not made), else a FileNotFoundError that says how
+    to record it."""
     path = RESULTS / name
     if path.exists():
         return json.loads(path.read_text())
