@@ -34,6 +34,13 @@ TIMEOUT_MS = 20_000
 FIGURES_SETTLED = """() => [...document.querySelectorAll(".specbook-vega")].every(
   (e) => ["live", "static"].includes(e.getAttribute("data-specbook-state")))"""
 
+# Display equations wider than the text column at a laptop's width (1280 px), by the text their first 40
+# characters spell: MathJax does not wrap them, so a wider one runs off the page or is cut.
+WIDE_EQUATIONS = """() => [...document.querySelectorAll("mjx-container[display='true']")]
+  .filter((e) => e.firstElementChild && e.firstElementChild.getBoundingClientRect().width
+                 > e.parentElement.getBoundingClientRect().width + 1)
+  .map((e) => (e.getAttribute("aria-label") || e.textContent).slice(0, 40))"""
+
 BROKEN_IMAGES = """async () => {
   const images = [...document.images];
   images.forEach((image) => { image.loading = "eager"; });
@@ -245,6 +252,9 @@ def test_page_works_offline(browser, site, screenshot_dir, path):
             page.wait_for_function("() => document.querySelector('mjx-container') !== null",
                                    timeout=TIMEOUT_MS)
             assert page.locator("mjx-merror").count() == 0, "MathJax could not typeset some math"
+            page.evaluate("async () => { if (window.MathJax?.startup?.promise) await MathJax.startup.promise; }")
+            wide = page.evaluate(WIDE_EQUATIONS)
+            assert not wide, f"display equations wider than the page at 1280 px on {path}: {wide}"
         broken = page.evaluate(BROKEN_IMAGES)
         page.screenshot(path=str(screenshot_dir / (path.replace("/", "__").removesuffix(".html") + ".png")),
                         full_page=bool(os.environ.get("SPECBOOK_FULL_SCREENSHOTS")))
