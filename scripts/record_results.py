@@ -20,24 +20,24 @@ from pathlib import Path
 from specbook.bench import RECORDED_BY
 
 ROOT = Path(__file__).resolve().parents[1]
-ABLATIONS = {  # results file -> (its variants' folder under data, {variant: its training options})
-    "eagle3.json": ("data/eagle3-ablation", {"eagle3-no-ttt": "--stages eagle3 --eagle3-ttt 1",
-                                             "eagle3-top-layer": "--stages eagle3 --eagle3-layers=-1",
-                                             "eagle3-vocab512": "--stages eagle3 --eagle3-vocab 512"}),
-    "pard.json": ("data/pard-ablation", {"pard-no-cod": "--stages pard --pard-ratio 1"}),
+ABLATIONS = {  # results file -> (the stage that trains its variants, {variant: its training options})
+    "eagle3.json": ("eagle3", {"eagle3-no-ttt": "--eagle3-ttt 1", "eagle3-top-layer": "--eagle3-layers=-1",
+                               "eagle3-vocab512": "--eagle3-vocab 512"}),
+    "pard.json": ("pard", {"pard-no-cod": "--pard-ratio 1"}),
 }
 
 
 def commands(names) -> list[str]:
-    """The shell commands that record ``names``, each file's missing variants trained first (after the corpus)."""
+    """The shell commands that record ``names``, each file's missing variants trained first (after the corpus), each
+    into data/<stage>-ablation/<variant>."""
     python = shlex.quote(sys.executable)
     training = []
     for name in names:
-        folder, variants = ABLATIONS.get(name, (None, {}))
+        stage, variants = ABLATIONS.get(name, (None, {}))
         for variant, options in variants.items():
-            if not (ROOT / folder / variant / "config.json").exists():
-                stage = options.split()[1]
-                training.append(f"{python} -m specbook.train {options} --{stage}-dir {folder}/{variant}")
+            folder = f"data/{stage}-ablation/{variant}"
+            if not (ROOT / folder / "config.json").exists():
+                training.append(f"{python} -m specbook.train --stages {stage} {options} --{stage}-dir {folder}")
     out = [f"{python} -m specbook.train --stages corpus"] + training if training else []
     for name in names:
         command = RECORDED_BY[name]

@@ -41,7 +41,7 @@ def test_v_and_c_are_chapter_3s_ratios(costs):
 def test_every_prompts_prefill_is_shared_by_the_tokens_after_it(costs):
     """A row's time holds one prefill of each prompt (the target's call on its length), so its prediction does."""
     row = {"method": "speculative", "tokens_per_call": 3, "positions_per_call": 5, "draft_calls_per_token": 4 / 3,
-           "tokens": 20}
+           "tokens": 20, "target_calls": 20 / 3}
     plain, = predicted([row], costs, {"speculative": "draft"})
     prompts = [torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 5, dtype=torch.long)]
     with_prefill, = predicted([row], costs, {"speculative": "draft"}, prompts)

@@ -11,6 +11,7 @@ import sys
 import torch
 
 from . import graphs
+from .ablations import eagle3_heads, pard_variants
 from .batch_bench import batch_suite, report
 from .bench import ALL_CATEGORIES, PROMPT_SETS, acceptance_by_position, machine, run_benchmark
 from .cost_model import benchmark
@@ -27,7 +28,6 @@ from .mtp import load_mtp
 from .profile import autoregressive_ms, copy_bandwidth, step_profile
 from .sampling import Sampler
 from .spread import show_spreads, spread_of, tie_text
-from .ablations import eagle3_heads, pard_variants
 from .suites import (TREE_SIZES, ablation, comparison, eagle3_rows, encoder_decoder, family, heads_and_trees,
                      multi_token, parallel_drafting, tree_name, tree_sizes)
 

@@ -271,7 +271,7 @@ def predicted(rows: list[dict], costs: CostModel | None, drafters: dict, prompts
         prediction = {"predicted_ms_per_token": float("nan"), "bound_ms_per_token": float("nan"),
                       "predicted_speedup": float("nan"), "bound_speedup": float("nan")}
         if costs is not None and row["method"] in drafters:
-            tokens = row["tokens"] / row["target_calls"] if "target_calls" in row else row["tokens_per_call"]
+            tokens = row["tokens"] / row["target_calls"]
             guess = costs.predict(tokens, row["positions_per_call"], row["draft_calls_per_token"] * tokens,
                                   drafters[row["method"]])
             prefill = sum(costs.call_ms(ids.shape[1]) for ids in prompts) / row["tokens"] if prompts else 0.0
