@@ -295,26 +295,37 @@ def test_the_eagle3_suite_compares_heads_and_positions(tmp_path, monkeypatch):
 
 
 def test_the_pard_suite_labels_a_variant_by_its_training(tmp_path, monkeypatch):
-    """bench --suite pard: the draft model against PARD, and a draft from --pard-variants labelled by what its
-    training.json sets apart (here: no COD), with α by position for each and its training record."""
+    """bench --suite pard: the draft model against PARD, and drafts from --pard-variants labelled by what their
+    training.json and config set apart (here: no COD; two layers), with α by position for each and its training
+    record."""
+    import copy
     import json
 
+    from transformers import LlamaForCausalLM
+
     from specbook.models import assets_dir, load_model
+    from specbook.train.models import grow
 
     monkeypatch.setenv("SPECBOOK_QUICK_TIMING", "1")
-    variant = tmp_path / "variants" / "no-cod"
-    load_model("shakespeare", "pard").save_pretrained(variant)
+    pard = load_model("shakespeare", "pard")
+    config = copy.deepcopy(pard.config)
+    config.num_hidden_layers = 2
     record = json.loads((assets_dir() / "pard" / "training.json").read_text())
-    (variant / "training.json").write_text(json.dumps({**record, "cod": {**record["cod"], "ratio": 1.0}}))
+    for name, model, meta in (("no-cod", pard, {**record, "cod": {**record["cod"], "ratio": 1.0}}),
+                              ("two-layers", grow(pard, LlamaForCausalLM(config)), record)):
+        model.save_pretrained(tmp_path / "variants" / name)
+        (tmp_path / "variants" / name / "training.json").write_text(json.dumps(meta))
     out = tmp_path / "pard.json"
     main(["bench", "--suite", "pard", "--categories", "repetitive", "--max-new-tokens", "8", "--repeats", "1",
           "--pard-variants", str(tmp_path / "variants"), "--json", str(out)])
     results = json.loads(out.read_text())
     methods = {row["method"] for row in results["rows"]}
-    assert {"draft model, k=6", "PARD, k=8", "PARD without COD, k=4", "PARD trained on the corpus, k=4"} <= methods
+    assert {"draft model, k=6", "PARD, k=8", "PARD without COD, k=4", "PARD trained on the corpus, k=4",
+            "PARD of 2 layers, k=4"} <= methods
     assert all(row["same_tokens"] for row in results["rows"] if row["sampling"] == "greedy")
-    assert {"PARD without COD", "PARD trained on the corpus"} <= set(results["alpha_by_position"])
+    assert {"PARD without COD", "PARD trained on the corpus", "PARD of 2 layers"} <= set(results["alpha_by_position"])
     assert results["training"]["PARD without COD"]["cod"]["ratio"] == 1.0
+    assert results["training"]["PARD of 2 layers"]["layers"] == 2 and results["training"]["PARD"]["layers"] == 1
 
 
 def test_the_trees_suite_times_each_tree_size_on_the_gpu_path(tmp_path, monkeypatch):

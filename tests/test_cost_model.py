@@ -162,3 +162,28 @@ def test_a_calls_anatomy_keeps_the_operators_and_grows_the_weights(measured):
     assert rows[1]["hidden_size"] == target.config.hidden_size and all(row["ms"] > 0 for row in rows)
     with pytest.raises(ValueError, match="factors must be"):
         call_anatomy(target, PROMPTS[0], factors=(0, 1))
+
+
+def test_the_books_measurement_is_made_once_and_read_back(costs, monkeypatch, tmp_path):
+    """`book_costs` measures on its first call on a machine and engine and stores the terms; a later call, in another
+    chapter's process, reads the same numbers back; ``refresh`` (chapter 4's §4.9) measures again."""
+    import specbook.cost_model as cost_model
+    from specbook import load_pair
+
+    made = []
+    monkeypatch.setattr(cost_model, "STORE", tmp_path)
+    monkeypatch.setattr(cost_model, "measure", lambda target, prompts, drafters: made.append(sorted(drafters)) or costs)
+    pair = load_pair("shakespeare")
+    first = cost_model.book_costs(pair)
+    assert made == [["PARD", "draft model"]] and len(list(tmp_path.iterdir())) == 1
+    again = cost_model.book_costs(pair)
+    assert len(made) == 1 and again == first == costs
+    cost_model.book_costs(pair, refresh=True)
+    assert len(made) == 2
+    with pytest.raises(ValueError, match="built-in pair beside its PARD draft"):
+        cost_model.book_costs(load_pair("shakespeare-seq2seq"))
+
+
+def test_a_stored_model_reads_back_as_it_was(costs):
+    costs.when = "2026-12-02 21:00 UTC"
+    assert CostModel.from_dict(costs.as_dict()) == costs

@@ -452,7 +452,7 @@ def test_the_host_profile_counts_calls_operators_and_syncs(models, device, eager
         assert profile["steps"] > 0 and profile["draft_calls"] > 0
         assert profile["target_host_us_per_call"] > 0 and profile["draft_host_us_per_call"] > 0
         assert profile["operators_per_step_outside_calls"] > 0
-    assert eager["operators_per_target_call"] > 50 and compiled["operators_per_target_call"] is None
+    assert eager["operators_per_target_call"] > 20 and compiled["operators_per_target_call"] is None  # two layers
     assert compiled["syncs_per_step"] <= 1 + 8 / compiled["steps"]  # + once a generation: the prompt checked, read
 
 

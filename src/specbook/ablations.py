@@ -41,8 +41,10 @@ def pard_variants(pair, folder=None) -> dict:
     """The PARD drafts trained otherwise than the built-in one, by label, with their training records: the built-in
     "pard-text" (trained on the corpus, not on the target's greedy continuations), then every draft saved in a folder
     of ``folder`` (``python -m specbook.train --stages pard --pard-dir ...``), labelled by what its training.json
-    sets apart: no COD (keep ratio 1), another keep ratio, another number of depths, or the corpus."""
+    sets apart: no COD (keep ratio 1), another keep ratio, another number of depths, the corpus, or another number of
+    the model's layers (``--pard-layers``)."""
     built_in = json.loads((assets_dir(pair.name) / "pard" / "training.json").read_text())
+    built_in_layers = json.loads((assets_dir(pair.name) / "pard" / "config.json").read_text())["num_hidden_layers"]
     folders = [assets_dir(pair.name) / "pard-text"]
     if folder is not None:
         folders += sorted(path for path in Path(folder).iterdir() if (path / "config.json").is_file())
@@ -57,6 +59,9 @@ def pard_variants(pair, folder=None) -> dict:
             differences.append(f"with {meta['depths']} depths")
         if meta.get("greedy_windows") != built_in.get("greedy_windows"):
             differences.append("trained on the corpus")
+        layers = json.loads((path / "config.json").read_text())["num_hidden_layers"]
+        if layers != built_in_layers:
+            differences.append(f"of {layers} layers")
         if not differences:
             differences.append(f"({path.name})")
         model = load_model(str(path.parent), path.name, pair.target.device, pair.target.dtype)

@@ -267,10 +267,12 @@ def run_pard(pair, args, path):
     if args.json:
         training = {"PARD": json.loads((assets_dir(pair.name) / "pard" / "training.json").read_text()),
                     **{name: meta for name, (_, meta) in trained.items()}}
+        models = {"PARD": pard, **variants}
         results = {"machine": machine(), **path, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
                    "sampled_temperature": _samplings(args)["sampled"].temperature, "categories": args.categories,
-                   "training": {part: {key: meta.get(key) for key in ("mask_token", "depths", "cod", "greedy_windows",
-                                                                       "seconds", "step")}
+                   "training": {part: {**{key: meta.get(key) for key in ("mask_token", "depths", "cod",
+                                                                          "greedy_windows", "seconds", "step")},
+                                       "layers": models[part].config.num_hidden_layers}
                                 for part, meta in training.items()},
                    "alpha_by_position": positions,
                    "rows": [{key: or_none(value) for key, value in row.items()} for row in rows]}

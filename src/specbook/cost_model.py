@@ -29,16 +29,22 @@ other widths (the same operators, other weights).
 """
 
 import copy
+import hashlib
+import json
+import os
 import statistics
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
-from .bench import _clock, cpu_model, machine, run_benchmark
+from .bench import ENGINE_SOURCES, OPEN_ENDED, _clock, cpu_model, machine, run_benchmark
 from .cache import rollback
 from .decoder import cache_and_forward, forward_name
+from .drafters import PardDrafter
 from .kernels import count_kernels
-from .models import weight_bytes
+from .models import assets_dir, load_model, weight_bytes
 from .policies import check_integer
 from .profile import autoregressive_ms, copy_bandwidth, step_profile
 from .sampling import Sampler
@@ -64,7 +70,8 @@ class DrafterCost:
 class CostModel:
     """The measured terms (module docstring): ``target_ms`` {n: median ms of a call on n positions},
     ``ar_ms`` autoregressive decoding's ms a token, ``drafters`` {name: `DrafterCost`}, ``rounds`` the rounds
-    the medians are over, ``spread`` the widest range of a term's rounds over its median, and the machine."""
+    the medians are over, ``spread`` a typical term's range of rounds over its median (the median over the terms:
+    one slow moment that falls on one term does not set it), the machine, and when."""
 
     target_ms: dict
     ar_ms: float
@@ -74,6 +81,7 @@ class CostModel:
     machine: str = ""
     cpu: str = ""
     forward: str = ""
+    when: str = ""  # when the terms were measured (UTC, to the minute)
 
     def call_ms(self, positions: float) -> float:
         """T(n): the target's call on ``positions`` (a mean over calls may fall between the timed n: linear
@@ -125,9 +133,16 @@ class CostModel:
 
     def as_dict(self) -> dict:
         """The terms as a results file keeps them."""
-        return {"machine": self.machine, "cpu": self.cpu, "forward": self.forward, "rounds": self.rounds,
-                "spread": self.spread, "target_ms": {str(n): ms for n, ms in self.target_ms.items()},
-                "ar_ms": self.ar_ms, "drafters": {name: vars(cost) for name, cost in self.drafters.items()}}
+        return {"machine": self.machine, "cpu": self.cpu, "forward": self.forward, "when": self.when,
+                "rounds": self.rounds, "spread": self.spread,
+                "target_ms": {str(n): ms for n, ms in self.target_ms.items()}, "ar_ms": self.ar_ms,
+                "drafters": {name: vars(cost) for name, cost in self.drafters.items()}}
+
+    @classmethod
+    def from_dict(cls, terms: dict) -> "CostModel":
+        """The model that `as_dict` wrote."""
+        return cls(**{**terms, "target_ms": {int(n): ms for n, ms in terms["target_ms"].items()},
+                      "drafters": {name: DrafterCost(**cost) for name, cost in terms["drafters"].items()}})
 
 
 def _target_calls(target, input_ids, positions, calls: int = CALLS_PER_ROUND):
@@ -192,8 +207,8 @@ class Meter:
         costs = {name: _drafter_cost(runs[1:], self.drafters[name][1]) for name, runs in self.profiles.items()}
         ar_ms = statistics.median(self.ar[1:])
         spreads.append((max(self.ar[1:]) - min(self.ar[1:])) / ar_ms)
-        return CostModel(target_ms, ar_ms, costs, len(self.ar) - 1, max(spreads), machine(), cpu_model(),
-                         forward_name(self.target))
+        return CostModel(target_ms, ar_ms, costs, len(self.ar) - 1, statistics.median(spreads), machine(), cpu_model(),
+                         forward_name(self.target), datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
 
 
 def measure(target, prompts, drafters=None, positions=POSITIONS, rounds: int = 5, max_new_tokens: int = 64,
@@ -209,6 +224,44 @@ def measure(target, prompts, drafters=None, positions=POSITIONS, rounds: int = 5
     for _ in range(rounds + 1):
         meter()
     return meter.model()
+
+
+STORE = Path(os.environ.get("SPECBOOK_CACHE", Path.home() / ".cache" / "specbook"))  # where `book_costs` keeps its own
+BOOK_K = 4  # the draft length of the book's measurement
+
+
+def engine_key(pair) -> str:
+    """What a stored measurement holds for: the machine, torch, the target's forward, the pair, and the source of the
+    modules that set speed (`specbook.bench.ENGINE_SOURCES`), hashed."""
+    package, digest = Path(__file__).parent, hashlib.sha256()
+    for name in ENGINE_SOURCES:
+        path = package / name.removeprefix("src/specbook/")
+        for source in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(source.read_bytes())
+    for part in (machine(), torch.__version__, forward_name(pair.target), pair.name):
+        digest.update(part.encode())
+    return digest.hexdigest()[:16]
+
+
+def book_costs(pair, refresh: bool = False) -> CostModel:
+    """The book's one measurement of its pair's terms (chapter 4, §4.9): the target's call on n = 1 .. 64 positions
+    after the first open prompt, autoregressive decoding, and the draft model's and the PARD draft's generations at
+    K = 4, on the book's open prompts, 64 tokens, greedy, five rounds. Measured on the first call on this machine
+    and engine (`engine_key`), or with ``refresh``, and stored under ``SPECBOOK_CACHE`` (default ~/.cache/specbook);
+    every later call, in this notebook or in another chapter's, reads the same terms back, so that the book's
+    predictions share one T(1), one v(n) and one c per drafter. ``pair``: `load_pair`'s (its draft and the PARD
+    draft of its name)."""
+    if not (assets_dir(pair.name) / "pard").is_dir():
+        raise ValueError(f"book_costs measures a built-in pair beside its PARD draft, and {pair.name!r} has none: "
+                         "measure() times any pair's terms")
+    stored = STORE / f"costs-{pair.name}-{engine_key(pair)}.json"
+    if stored.is_file() and not refresh:
+        return CostModel.from_dict(json.loads(stored.read_text()))
+    drafters = {"draft model": (pair.draft, BOOK_K), "PARD": (PardDrafter(load_model(pair.name, "pard")), BOOK_K)}
+    costs = measure(pair.target, [pair.encode(text) for text in OPEN_ENDED], drafters)
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    stored.write_text(json.dumps(costs.as_dict(), indent=1))
+    return costs
 
 
 def _drafter_cost(profiles: list[dict], k: int) -> DrafterCost:

@@ -29,9 +29,8 @@ from contextlib import ExitStack, contextmanager
 from unittest import mock
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from . import decoding
+from . import decoding, kernels
 from .bench import _clock
 from .decoding import autoregressive_generate, gpu_path, speculative_generate
 from .drafters import as_drafter
@@ -139,13 +138,19 @@ def host_reads():
     ``int(t)``, ``float(t)``, ``if t:``, ``t`` as an index): yields a `Counter` by method. On a GPU each one
     waits for the device (torch's sync debug mode, ``torch.cuda.set_sync_debug_mode``, catches the others:
     copies to the host made inside torch's own operators); on a CPU they are what the engine would wait for."""
-    counts = Counter()
+    counts, inside = Counter(), [False]
     own = {name: torch.Tensor.__dict__.get(name) for name in CONVERSIONS}
 
     def counting(name, convert):
         def counted(self, *args, **kwargs):
+            if inside[0]:  # a conversion that a torch function mode passes on is the same one (`kernels.counting`)
+                return convert(self, *args, **kwargs)
             counts[name] += 1
-            return convert(self, *args, **kwargs)
+            inside[0] = True
+            try:
+                return convert(self, *args, **kwargs)
+            finally:
+                inside[0] = False
         return counted
 
     try:
@@ -158,19 +163,6 @@ def host_reads():
                 delattr(torch.Tensor, name)
             else:
                 setattr(torch.Tensor, name, convert)
-
-
-class _Operators(TorchDispatchMode):
-    """Counts the operators dispatched (each a kernel launch on a GPU) per part: "target" and "draft" inside
-    those calls, "outside" elsewhere."""
-
-    def __init__(self):
-        super().__init__()
-        self.counts, self.part = Counter(), "outside"
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.counts[self.part] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sampler(0), seed=0, **path) -> dict:
@@ -195,7 +187,8 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
     run first (allocation, capture, compilation); the counts come from a second run, the times from a third.
     """
     drafter = as_drafter(drafter, target, *gpu_path(target, **path))  # a model drafts on the engine's path
-    operators, seconds, calls, inside = _Operators(), Counter(), Counter(), Counter()  # inside: reads per call kind
+    seconds, calls, inside = Counter(), Counter(), Counter()  # inside: reads per call kind
+    operators = None  # the kernel counter while the counted run lasts
     forward, propose = decoding._target_forward, drafter.propose
     first = [True]  # the run's first target call reads the prompt, unless the engine prefilled it for the drafter
 
@@ -206,19 +199,22 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
                 first[0] = False
                 if not drafter.needs_prefill:  # the prompt's call: not a decode call, nor the step's own work
                     name = "prompt"
-            outer, operators.part = operators.part, name
+            outer = operators.part if operators else None
+            if operators:
+                operators.part = name
             reads = counting.get("reads")
             read = sum(reads.values()) if reads is not None else 0
             started = time.perf_counter()
             try:
                 if path.get("compile"):  # compiled code refuses to run under a counting mode
-                    with _disable_current_modes():
+                    with kernels.paused():
                         return function(*args, **kwargs)
                 return function(*args, **kwargs)
             finally:
                 seconds[name] += time.perf_counter() - started
                 calls[name] += 1
-                operators.part = outer
+                if operators:
+                    operators.part = outer
                 if reads is not None and name != "draft":
                     inside[name] += sum(reads.values()) - read
         return call
@@ -233,11 +229,11 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
         patches.enter_context(mock.patch.object(decoding, "_target_forward", timed("target", forward)))
         patches.enter_context(mock.patch.object(drafter, "propose", timed("draft", propose)))
         patches.enter_context(mock.patch.object(drafter, "draft_ahead", timed("draft", drafter.draft_ahead)))
-        with host_reads() as reads, operators:
+        with host_reads() as reads, kernels.counting() as operators:
             counting["reads"] = reads
             generation = run()
         counting.clear()
-        target_calls, counts = calls["target"], dict(operators.counts)
+        target_calls, counts, operators = calls["target"], dict(operators.parts), None
         seconds.clear()
         run()
     steps, draft_calls, compiled = len(generation.steps), generation.stats.draft_calls, bool(path.get("compile"))

@@ -81,6 +81,9 @@ def main(argv=None):
                         help="train the PARD draft on this many windows of the target's greedy continuations of "
                              "corpus stretches, 0 on the corpus itself (default: %(default)s; the built-in "
                              "pard-text was trained with 0)")
+    parser.add_argument("--pard-layers", type=int, default=None,
+                        help="the PARD draft's depth: the built-in draft grown to this many layers (each new one "
+                             "starting as an identity) before its adaptation (default: the draft's own)")
     parser.add_argument("--pard-dir", default=None,
                         help="where the PARD draft is saved (default: --out/pard, the built-in one; another folder "
                              "keeps a variant, such as the one trained without COD)")
@@ -276,6 +279,12 @@ def main(argv=None):
     if "pard" in stages:
         config = sized(steps=args.pard_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 11)
         draft = load_trained(out / "draft", args.device)  # adapted from the built-in draft
+        if args.pard_layers is not None:  # grown first: a second layer can look back and copy (induction)
+            depth = draft.config.num_hidden_layers
+            if args.pard_layers < depth:
+                parser.error(f"--pard-layers must be at least the draft's {depth}, got {args.pard_layers}")
+            draft = grow(draft.cpu(), new_model("draft", tokenizer, args.seed + 11, **{
+                **shapes["draft"], "num_hidden_layers": args.pard_layers})).to(args.device)
         saved = Path(args.pard_dir) if args.pard_dir else out / "pard"
         state = train_pard(draft, load_trained(out / "target", args.device).requires_grad_(False), train_tokens,
                            valid_tokens, config, work / f"ckpt-{saved.name}", args.device, args.pard_depths,
