@@ -362,3 +362,22 @@ def test_a_decoder_made_in_inference_mode_runs_with_autograd_on():
         expected = decoder_for(model)(ids, past_key_values=decoder_for(model).new_cache(16)).logits
     decoder = decoder_for(model)
     torch.testing.assert_close(decoder(ids, past_key_values=decoder.new_cache(16)).logits, expected, **CLOSE)
+
+
+def test_a_gpu_prediction_prices_each_calls_kernels(stand_in):
+    """`gpu_prediction`: a call costs its kernels (`call_kernels`, counted on the static path) times the cost of
+    one; a speculative step its verification, K draft calls and the engine's kernels, over E; the prompt's call
+    spread over the new tokens in both."""
+    from specbook.kernels import call_kernels, gpu_prediction
+
+    target, draft, prompt = stand_in.target, stand_in.draft, stand_in.encode("ROMEO:\nBut soft")
+    one, draft_call = call_kernels(target, prompt), call_kernels(draft, prompt)
+    assert 10 < draft_call < one <= 15 * target.config.num_hidden_layers + 10
+    guess = gpu_prediction(target, draft, prompt, 2.0, {4: 3.0}, new_tokens=64, engine_kernels=5, idle_ms=0.1)
+    ms = 0.002
+    assert guess["ar_ms"] == pytest.approx(one * ms * (1 + 1 / 64))
+    row = guess["speculative"][4]
+    assert row["step_ms"] == pytest.approx((row["verification_kernels"] + 4 * draft_call + 5) * ms + 0.1)
+    assert row["speedup"] == pytest.approx(guess["ar_ms"] / (row["step_ms"] / 3 + one * ms / 64))
+    with pytest.raises(ValueError, match="positions must be in"):
+        call_kernels(target, prompt, prompt.shape[1])

@@ -7,6 +7,9 @@ mode as the engine runs them, which are the kernels a CUDA graph of the call hol
 allocations launch nothing and are not counted, and an RMSNorm written as one call (``F.rms_norm``, one fused
 kernel on a GPU, several operators on a CPU) counts once. Hugging Face's Llama writes its RMSNorm out in
 eight operators, which count as eight, as they launch on a GPU.
+
+`call_kernels` counts one decode call over the cache and forward the engine uses, and `gpu_prediction` turns
+counts into a GPU's milliseconds: a prediction, to be read as one, until a run on the GPU replaces it.
 """
 
 from collections import Counter
@@ -101,3 +104,41 @@ def _uncounted(operators, function):
         finally:
             operators.muted = outer
     return run
+
+
+@torch.inference_mode()
+def call_kernels(model, input_ids, positions: int = 1, static: bool = True) -> int:
+    """The kernels one decode call of ``model`` launches on the last ``positions`` tokens of ``input_ids`` (1, T),
+    the ones before them in its cache, over the cache and forward the engine uses (``static``: the GPU path's)."""
+    from .decoder import cache_and_forward
+
+    if not 1 <= positions < input_ids.shape[1]:
+        raise ValueError(f"positions must be in [1, {input_ids.shape[1] - 1}] for a prompt of {input_ids.shape[1]} "
+                         f"tokens (got {positions})")
+    cache, forward = cache_and_forward(model, input_ids.shape[1], static)
+    forward(input_ids[:, :-positions], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return count_kernels(forward, input_ids[:, -positions:], past_key_values=cache, use_cache=True,
+                         logits_to_keep=positions)
+
+
+def gpu_prediction(target, draft, input_ids, us_per_kernel: float, tokens_per_call: dict, new_tokens: int = 64,
+                   engine_kernels: float = 5, idle_ms: float = 0.0) -> dict:
+    """A GPU's time a token predicted from kernel counts (chapter 4, §4.12). At batch one, with every call a
+    replayed graph, a small model's call costs about its kernels times the cost of one, ``us_per_kernel`` (measured
+    on that GPU), its weights' reading a small addition left out. Autoregressive decoding: one target call a token,
+    and the prompt's call (a graph as well) spread over ``new_tokens``. Speculative decoding at each K of
+    ``tokens_per_call`` {K: E}: the target's call on K + 1 positions, K draft calls, the engine's own
+    ``engine_kernels`` a step and ``idle_ms`` a step with the device waiting for the host, over the E tokens a step
+    writes. Kernels are counted here, on the engine's static-cache path (`call_kernels`). Returns the counts and,
+    per K, ms a token and the speedup over the predicted autoregressive decoding."""
+    ms = us_per_kernel / 1000
+    target_call, draft_call = call_kernels(target, input_ids), call_kernels(draft, input_ids)
+    ar_ms = target_call * ms * (1 + 1 / new_tokens)
+    rows = {}
+    for k, tokens in tokens_per_call.items():
+        verification = call_kernels(target, input_ids, k + 1)
+        step = (verification + k * draft_call + engine_kernels) * ms + idle_ms
+        rows[k] = {"tokens_per_call": tokens, "verification_kernels": verification, "step_ms": step,
+                   "ms_per_token": step / tokens + target_call * ms / new_tokens,
+                   "speedup": ar_ms / (step / tokens + target_call * ms / new_tokens)}
+    return {"target_kernels": target_call, "draft_kernels": draft_call, "ar_ms": ar_ms, "speculative": rows}
