@@ -231,13 +231,15 @@ BOOK_K = 4  # the draft length of the book's measurement
 
 
 def engine_key(pair) -> str:
-    """What a stored measurement holds for: the machine, torch, the target's forward, the pair, and the source of the
-    modules that set speed (`specbook.bench.ENGINE_SOURCES`), hashed."""
+    """What a stored measurement holds for: the machine, torch, the target's forward, the pair, its models' shapes
+    (their configs) and the source of the modules that set speed (`specbook.bench.ENGINE_SOURCES`), hashed."""
     package, digest = Path(__file__).parent, hashlib.sha256()
     for name in ENGINE_SOURCES:
         path = package / name.removeprefix("src/specbook/")
         for source in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
             digest.update(source.read_bytes())
+    for config in sorted(assets_dir(pair.name).glob("*/config.json")):
+        digest.update(config.read_bytes())
     for part in (machine(), torch.__version__, forward_name(pair.target), pair.name):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
@@ -257,10 +259,13 @@ def book_costs(pair, refresh: bool = False) -> CostModel:
     stored = STORE / f"costs-{pair.name}-{engine_key(pair)}.json"
     if stored.is_file() and not refresh:
         return CostModel.from_dict(json.loads(stored.read_text()))
-    drafters = {"draft model": (pair.draft, BOOK_K), "PARD": (PardDrafter(load_model(pair.name, "pard")), BOOK_K)}
+    pard = load_model(pair.name, "pard", pair.target.device, pair.target.dtype)
+    drafters = {"draft model": (pair.draft, BOOK_K), "PARD": (PardDrafter(pard), BOOK_K)}
     costs = measure(pair.target, [pair.encode(text) for text in OPEN_ENDED], drafters)
     stored.parent.mkdir(parents=True, exist_ok=True)
-    stored.write_text(json.dumps(costs.as_dict(), indent=1))
+    written = stored.with_suffix(f".{os.getpid()}.tmp")
+    written.write_text(json.dumps(costs.as_dict(), indent=1))
+    os.replace(written, stored)  # whole: a chapter run beside this one never reads half a file
     return costs
 
 
