@@ -14,7 +14,7 @@ import specbook.train.pard
 from specbook import PardDrafter, Sampler, autoregressive_generate, speculative_generate
 from specbook.drafters import Draft
 from specbook.train.pard import (agreement_by_depth, greedy_windows, kept_positions, layout, pard_loss, pard_predictions,
-                                 text_windows, unused_token)
+                                 predecessors, reach, text_windows, unused_token)
 
 from families import FAMILIES, VOCAB, hf_greedy, tiny_family_model
 from support import SAMPLERS, chi_square_p_value, tiny_model
@@ -89,6 +89,32 @@ def test_the_loss_and_held_out_agreement_run():
     report = agreement_by_depth(draft, target, text_windows(torch.randint(0, 64, (200,)), 32, 4), 64, depths=3)
     assert len(report["agreement"]) == 3 and all(0 <= a <= 1 for a in report["agreement"])
     assert unused_token(torch.tensor([0, 1, 2, 4, 5]), 8) == 3
+
+
+def test_each_row_is_weighted_by_the_chance_that_its_call_reaches_it():
+    """`predecessors` finds the rows of the drafts before a row in its drafting call (under COD's drop too);
+    `reach` multiplies their acceptance probabilities sum_x min(p, q); a row after a draft that is never accepted
+    gets no weight, and the loss with ``reached`` is the weighted mean of the rows' KL."""
+    kept = kept_positions(12, 4, 0.7, 0.2, torch.Generator().manual_seed(0))
+    depth, position, _ = layout(kept)
+    before = predecessors(depth, position)
+    for row, (d, p) in enumerate(zip(depth.tolist(), position.tolist())):
+        chain = [(int(depth[i]), int(position[i])) for i in before[row].tolist() if i < len(depth)]
+        assert chain == [(c, p - d + c) for c in range(d)]
+    vocab = 5
+    logits = torch.zeros(1, len(depth), vocab)  # p uniform: each row accepted with sum min(p, q)
+    teacher = torch.full((1, len(depth), vocab), 0.2).log()
+    first = (depth == 0).nonzero()[0, 0]
+    teacher[0, first] = torch.tensor([1.0, 1e-9, 1e-9, 1e-9, 1e-9]).log()  # this row's acceptance: 0.2
+    weights = reach(logits, teacher, before)
+    assert torch.allclose(weights[0, depth == 0], torch.ones(int((depth == 0).sum())))
+    followers = [row for row in range(len(depth)) if int(first) in before[row].tolist()]
+    assert followers and torch.allclose(weights[0, followers], torch.full((len(followers),), 0.2), atol=1e-5)
+    target, draft = tiny_model(seed=0), with_mask(tiny_model(vocab_size=65, hidden_size=16, num_layers=1, seed=1), 64)
+    inputs = torch.randint(0, 64, (2, 16))
+    weighted = pard_loss(draft, target, 64, torch.Generator().manual_seed(0), 4, 0.7, inputs, None, reached=True)
+    plain = pard_loss(draft, target, 64, torch.Generator().manual_seed(0), 4, 0.7, inputs, None)
+    assert weighted.item() > 0 and weighted.item() != plain.item()
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static", "graphs"])

@@ -41,8 +41,8 @@ def pard_variants(pair, folder=None) -> dict:
     """The PARD drafts trained otherwise than the built-in one, by label, with their training records: the built-in
     "pard-text" (trained on the corpus, not on the target's greedy continuations), then every draft saved in a folder
     of ``folder`` (``python -m specbook.train --stages pard --pard-dir ...``), labelled by what its training.json
-    sets apart: no COD (keep ratio 1), another keep ratio, another number of depths, the corpus, or another number of
-    the model's layers (``--pard-layers``)."""
+    sets apart: no COD (keep ratio 1), another keep ratio, another number of depths, the corpus, the rows weighted by
+    their chance of being verified (``--pard-reached``), or another number of the model's layers (``--pard-layers``)."""
     built_in = json.loads((assets_dir(pair.name) / "pard" / "training.json").read_text())
     built_in_layers = json.loads((assets_dir(pair.name) / "pard" / "config.json").read_text())["num_hidden_layers"]
     folders = [assets_dir(pair.name) / "pard-text"]
@@ -59,6 +59,8 @@ def pard_variants(pair, folder=None) -> dict:
             differences.append(f"with {meta['depths']} depths")
         if meta.get("greedy_windows") != built_in.get("greedy_windows"):
             differences.append("trained on the corpus")
+        if meta.get("reached", False) != built_in.get("reached", False):
+            differences.append("weighted by reach" if meta.get("reached") else "unweighted")
         layers = json.loads((path / "config.json").read_text())["num_hidden_layers"]
         if layers != built_in_layers:
             differences.append(f"of {layers} layers")

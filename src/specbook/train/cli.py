@@ -84,6 +84,9 @@ def main(argv=None):
     parser.add_argument("--pard-layers", type=int, default=None,
                         help="the PARD draft's depth: the built-in draft grown to this many layers (each new one "
                              "starting as an identity) before its adaptation (default: the draft's own)")
+    parser.add_argument("--pard-reached", action="store_true",
+                        help="weight each mask row's loss by its chance of being verified, the product of the "
+                             "acceptance of the drafts before it (the expected accepted length, PARD-2's objective)")
     parser.add_argument("--pard-dir", default=None,
                         help="where the PARD draft is saved (default: --out/pard, the built-in one; another folder "
                              "keeps a variant, such as the one trained without COD)")
@@ -288,7 +291,7 @@ def main(argv=None):
         saved = Path(args.pard_dir) if args.pard_dir else out / "pard"
         state = train_pard(draft, load_trained(out / "target", args.device).requires_grad_(False), train_tokens,
                            valid_tokens, config, work / f"ckpt-{saved.name}", args.device, args.pard_depths,
-                           args.pard_ratio, args.pard_greedy)
+                           args.pard_ratio, args.pard_greedy, args.pard_reached)
         save_model(draft, saved, {"config": asdict(config), "hardware": hardware, **state})
     if "card" in stages:
         from ..bench import machine

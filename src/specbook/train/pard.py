@@ -83,12 +83,37 @@ def pard_predictions(draft, target, inputs: torch.Tensor, kept: list[torch.Tenso
     return logits[..., :vocab], teacher[..., :vocab].log_softmax(-1)[:, position], depth  # (B, N, vocab) each
 
 
-def pard_loss(draft, target, mask_token, generator, depths, ratio, inputs, targets):
+def predecessors(depth: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """For each row of a layout (its ``depth`` and ``position``, (N,) each), the rows of the drafts before it in its
+    drafting call -- depths 0 .. c - 1 of its context, at positions p - c .. p - 1 -- padded with N: (N, max depth)."""
+    rows = {(d, p): i for i, (d, p) in enumerate(zip(depth.tolist(), position.tolist()))}
+    width = max(int(depth.max()), 1)
+    return torch.tensor([[rows[(before, p - d + before)] for before in range(d)] + [len(rows)] * (width - d)
+                         for d, p in zip(depth.tolist(), position.tolist())])
+
+
+def reach(logits: torch.Tensor, teacher: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """Each row's chance of being verified at all: the product, over the drafts before it in its call
+    (`predecessors`), of their acceptance probabilities sum_x min(p(x), q(x)), held constant: (B, N). The expected
+    number of accepted drafts of a call is the sum of these chances times each row's own acceptance, so weighting a
+    row's loss by its chance trains for that expectation, the objective PARD-2 (An et al. 2026) states."""
+    accepted = torch.minimum(logits.softmax(-1), teacher.exp()).sum(-1).detach()  # (B, N)
+    logs = torch.cat([accepted.clamp_min(1e-6).log(), accepted.new_zeros(accepted.shape[0], 1)], 1)  # (B, N + 1)
+    return logs[:, before].sum(-1).exp()  # (B, N)
+
+
+def pard_loss(draft, target, mask_token, generator, depths, ratio, inputs, targets, reached=False):
     """KL(q || p) over the rows COD keeps, every depth weighted alike (the paper's loss is the text's cross
-    entropy on the same rows; module docstring). ``targets`` is unused: the labels are the target's."""
+    entropy on the same rows; module docstring), or with ``reached`` each row weighted by its chance of being
+    verified (`reach`). ``targets`` is unused: the labels are the target's."""
     kept = kept_positions(inputs.shape[1], depths, ratio, FLOOR, generator)
     logits, teacher, _ = pard_predictions(draft, target, inputs, kept, mask_token)
-    return _kl(teacher, logits)
+    if not reached:
+        return _kl(teacher, logits)
+    depth, position, _ = layout(kept)
+    weights = reach(logits, teacher, predecessors(depth, position))  # (B, N)
+    per_row = (teacher.exp() * (teacher - logits.log_softmax(-1))).sum(-1)  # (B, N)
+    return (weights * per_row).sum() / weights.sum()
 
 
 def text_windows(tokens: torch.Tensor, block: int, count: int = 16) -> torch.Tensor:
@@ -147,16 +172,17 @@ def window_batches(windows: torch.Tensor, batch_size: int, generator: torch.Gene
 
 
 def train_pard(draft, target, train_tokens, valid_tokens, config, ckpt_dir, device, depths=DEPTHS, ratio=RATIO,
-               greedy=0):
+               greedy=0, reached=False):
     """Adapt ``draft`` (a causal LM, trained in place) into a PARD draft of ``depths`` drafts a call for ``target``
     (frozen); ``ratio`` 1 trains without COD. ``greedy``: train on that many windows of the target's greedy
-    continuations (`greedy_windows`) instead of the corpus. Returns the training state, with the mask token; the
+    continuations (`greedy_windows`) instead of the corpus; ``reached``: each row's loss weighted by its chance of
+    being verified (`reach`). Returns the training state, with the mask token; the
     draft's config gets ``pard_token`` and ``pard_max_k``."""
     mask_token = unused_token(torch.cat([train_tokens, valid_tokens]), draft.config.vocab_size)
     draft.config.update({PARD_TOKEN: mask_token, PARD_MAX_K: depths})
     target.to(device)
     generator = torch.Generator().manual_seed(config.seed + 1)  # the drop pattern (a resumed run draws anew)
-    loss = partial(pard_loss, draft, target, mask_token, generator, depths, ratio)
+    loss = partial(pard_loss, draft, target, mask_token, generator, depths, ratio, reached=reached)
     held_out = text_windows(valid_tokens, config.block_size)
     data = None
     if greedy:  # trained and held out on the target's greedy continuations
@@ -167,4 +193,4 @@ def train_pard(draft, target, train_tokens, valid_tokens, config, ckpt_dir, devi
     state = train_model(draft, train_tokens, valid_tokens, config, ckpt_dir, device, desc="pard", loss_fn=loss,
                         evaluate_fn=held_out, data=data)
     return {**state, "mask_token": mask_token, "depths": depths, "cod": {"ratio": ratio, "floor": FLOOR},
-            "greedy_windows": greedy}
+            "greedy_windows": greedy, "reached": reached}
