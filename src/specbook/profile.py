@@ -178,10 +178,10 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
       draft call), the prompt's call excluded. On a GPU the host does not wait for the device inside them (it waits once a
       step, after them), so this is what launching a call costs; on a CPU the call's work is done by then too;
     - ``operators_per_step_outside_calls``, ``operators_per_target_call``, ``operators_per_draft_call``:
-      operators dispatched by torch per step outside the model calls (sampling, verification, bookkeeping) and
-      per decode call inside them: each is a kernel launch on a GPU, unless a replayed CUDA graph holds it (the
-      prompt's call is counted in neither). Compiled
-      calls run without the count (torch.compile refuses it): None inside them.
+      kernels per step outside the model calls (sampling, verification, bookkeeping) and per decode call inside
+      them, counted as `specbook.kernels.count_kernels` counts them (`specbook.kernels.counting`): each is a launch
+      on a GPU, unless a replayed CUDA graph holds it (the prompt's call is counted in neither). Compiled calls run
+      without the count (torch.compile refuses it): None inside them.
 
     ``drafter`` is a `Drafter` or a draft model; ``path`` the engine's ``cache`` and ``compile``. One untimed
     run first (allocation, capture, compilation); the counts come from a second run, the times from a third.
