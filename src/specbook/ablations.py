@@ -61,11 +61,10 @@ def pard_variants(pair, folder=None) -> dict:
             differences.append("trained on the corpus")
         if meta.get("reached", False) != built_in.get("reached", False):
             differences.append("weighted by reach" if meta.get("reached") else "unweighted")
-        layers = json.loads((path / "config.json").read_text())["num_hidden_layers"]
-        if layers != built_in_layers:
-            differences.append(f"of {layers} layers")
+        model = load_model(str(path.parent), path.name, pair.target.device, pair.target.dtype)
+        if model.config.num_hidden_layers != built_in_layers:
+            differences.append(f"of {model.config.num_hidden_layers} layers")
         if not differences:
             differences.append(f"({path.name})")
-        model = load_model(str(path.parent), path.name, pair.target.device, pair.target.dtype)
         variants[" ".join(["PARD", *differences])] = (model, meta)
     return variants

@@ -107,9 +107,10 @@ def _uncounted(operators, function):
 
 
 @torch.inference_mode()
-def call_kernels(model, input_ids, positions: int = 1, static: bool = True) -> int:
+def call_kernels(model, input_ids, positions: int = 1, static: bool = True, by_name: bool = False):
     """The kernels one decode call of ``model`` launches on the last ``positions`` tokens of ``input_ids`` (1, T),
-    the ones before them in its cache, over the cache and forward the engine uses (``static``: the GPU path's)."""
+    the ones before them in its cache, over the cache and forward the engine uses (``static``: the GPU path's);
+    with ``by_name``, also a dict of counts per operator (`count_kernels`)."""
     from .decoder import cache_and_forward
 
     if not 1 <= positions < input_ids.shape[1]:
@@ -118,7 +119,7 @@ def call_kernels(model, input_ids, positions: int = 1, static: bool = True) -> i
     cache, forward = cache_and_forward(model, input_ids.shape[1], static)
     forward(input_ids[:, :-positions], past_key_values=cache, use_cache=True, logits_to_keep=1)
     return count_kernels(forward, input_ids[:, -positions:], past_key_values=cache, use_cache=True,
-                         logits_to_keep=positions)
+                         logits_to_keep=positions, by_name=by_name)
 
 
 def gpu_prediction(target, draft, input_ids, us_per_kernel: float, tokens_per_call: dict, new_tokens: int = 64,
@@ -138,7 +139,7 @@ def gpu_prediction(target, draft, input_ids, us_per_kernel: float, tokens_per_ca
     for k, tokens in tokens_per_call.items():
         verification = call_kernels(target, input_ids, k + 1)
         step = (verification + k * draft_call + engine_kernels) * ms + idle_ms
+        per_token = step / tokens + target_call * ms / new_tokens
         rows[k] = {"tokens_per_call": tokens, "verification_kernels": verification, "step_ms": step,
-                   "ms_per_token": step / tokens + target_call * ms / new_tokens,
-                   "speedup": ar_ms / (step / tokens + target_call * ms / new_tokens)}
+                   "ms_per_token": per_token, "speedup": ar_ms / per_token}
     return {"target_kernels": target_call, "draft_kernels": draft_call, "ar_ms": ar_ms, "speculative": rows}

@@ -188,7 +188,6 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
     """
     drafter = as_drafter(drafter, target, *gpu_path(target, **path))  # a model drafts on the engine's path
     seconds, calls, inside = Counter(), Counter(), Counter()  # inside: reads per call kind
-    operators = None  # the kernel counter while the counted run lasts
     forward, propose = decoding._target_forward, drafter.propose
     first = [True]  # the run's first target call reads the prompt, unless the engine prefilled it for the drafter
 
@@ -199,10 +198,10 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
                 first[0] = False
                 if not drafter.needs_prefill:  # the prompt's call: not a decode call, nor the step's own work
                     name = "prompt"
-            outer = operators.part if operators else None
-            if operators:
+            reads, operators = counting.get("reads"), counting.get("kernels")
+            outer = operators.part if operators is not None else None
+            if operators is not None:
                 operators.part = name
-            reads = counting.get("reads")
             read = sum(reads.values()) if reads is not None else 0
             started = time.perf_counter()
             try:
@@ -213,7 +212,7 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
             finally:
                 seconds[name] += time.perf_counter() - started
                 calls[name] += 1
-                if operators:
+                if operators is not None:
                     operators.part = outer
                 if reads is not None and name != "draft":
                     inside[name] += sum(reads.values()) - read
@@ -224,16 +223,16 @@ def host_profile(target, drafter, input_ids, k=4, max_new_tokens=64, sampler=Sam
         return speculative_generate(target, drafter, input_ids, max_new_tokens, k, sampler, seed, **path)
 
     run()
-    counting = {}  # the counter of host reads while the counted run lasts
+    counting = {}  # the counters of host reads and of kernels while the counted run lasts
     with ExitStack() as patches:
         patches.enter_context(mock.patch.object(decoding, "_target_forward", timed("target", forward)))
         patches.enter_context(mock.patch.object(drafter, "propose", timed("draft", propose)))
         patches.enter_context(mock.patch.object(drafter, "draft_ahead", timed("draft", drafter.draft_ahead)))
         with host_reads() as reads, kernels.counting() as operators:
-            counting["reads"] = reads
+            counting.update(reads=reads, kernels=operators)
             generation = run()
         counting.clear()
-        target_calls, counts, operators = calls["target"], dict(operators.parts), None
+        target_calls, counts = calls["target"], dict(operators.parts)
         seconds.clear()
         run()
     steps, draft_calls, compiled = len(generation.steps), generation.stats.draft_calls, bool(path.get("compile"))

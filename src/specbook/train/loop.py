@@ -69,10 +69,15 @@ def lr_at(step, config):
     return config.lr * (config.final_lr + (1 - config.final_lr) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _kl(teacher_logp, student_logits):
-    """KL(q || p) per position, averaged: q the teacher (target), p the student (draft)."""
+def _kl_rows(teacher_logp, student_logits):
+    """KL(q || p) at each position (the last dimension summed): q the teacher (target), p the student (draft)."""
     student_logp = student_logits.log_softmax(-1)
-    return (teacher_logp.exp() * (teacher_logp - student_logp)).sum(-1).mean()
+    return (teacher_logp.exp() * (teacher_logp - student_logp)).sum(-1)
+
+
+def _kl(teacher_logp, student_logits):
+    """KL(q || p) per position, averaged (`_kl_rows`)."""
+    return _kl_rows(teacher_logp, student_logits).mean()
 
 
 def _language_model_loss(model, teacher, inputs, targets):

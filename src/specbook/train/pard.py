@@ -26,7 +26,7 @@ import torch
 
 from ..drafters.pard import PARD_MAX_K, PARD_TOKEN
 from ..masks import attention_inputs
-from .loop import _kl, train_model
+from .loop import _kl, _kl_rows, train_model
 
 DEPTHS = 8  # the layout's copies: the text and 7 mask depths, for up to 8 drafts a call
 RATIO, FLOOR = 0.7, 0.2  # COD: depth c keeps max(RATIO ** c, FLOOR) of its positions
@@ -107,13 +107,11 @@ def pard_loss(draft, target, mask_token, generator, depths, ratio, inputs, targe
     entropy on the same rows; module docstring), or with ``reached`` each row weighted by its chance of being
     verified (`reach`). ``targets`` is unused: the labels are the target's."""
     kept = kept_positions(inputs.shape[1], depths, ratio, FLOOR, generator)
-    logits, teacher, _ = pard_predictions(draft, target, inputs, kept, mask_token)
+    logits, teacher, depth = pard_predictions(draft, target, inputs, kept, mask_token)
     if not reached:
         return _kl(teacher, logits)
-    depth, position, _ = layout(kept)
-    weights = reach(logits, teacher, predecessors(depth, position))  # (B, N)
-    per_row = (teacher.exp() * (teacher - logits.log_softmax(-1))).sum(-1)  # (B, N)
-    return (weights * per_row).sum() / weights.sum()
+    weights = reach(logits, teacher, predecessors(depth, torch.cat(kept)))  # (B, N); the layout's positions
+    return (weights * _kl_rows(teacher, logits)).sum() / weights.sum()
 
 
 def text_windows(tokens: torch.Tensor, block: int, count: int = 16) -> torch.Tensor:
@@ -135,7 +133,7 @@ def agreement_by_depth(draft, target, windows: torch.Tensor, mask_token: int, de
         logits, teacher, depth = pard_predictions(draft, target, inputs[start:start + 4],
                                                   kept_positions(block, depths, 1.0, 1.0), mask_token)
         same = logits.argmax(-1) == teacher.argmax(-1)  # (B, N)
-        rows_kl = (teacher.exp() * (teacher - logits.log_softmax(-1))).sum(-1)  # (B, N)
+        rows_kl = _kl_rows(teacher, logits)  # (B, N)
         for d in range(depths):
             agree[d].append(same[:, depth == d].float().mean().item())
             kl[d].append(rows_kl[:, depth == d].mean().item())
