@@ -142,6 +142,8 @@ def pard_section(out, pair, prompts):
         ratio=meta["cod"]["ratio"], floor=meta["cod"]["floor"], agreement_rows="\n".join(agreement_rows),
         positions=" | ".join(str(i) for i in range(1, k + 1)), rule="|".join(["---"] * (k + 2)),
         alpha_rows="\n".join(alpha_rows), prompts=len(prompts),
+        weighting=", each row's weighted by its chance of being verified (the product of the acceptance of the drafts "
+        "before it in its call: `specbook.train.pard.reach`)" if meta.get("reached") else "",
         data=f"{meta['greedy_windows']} windows of the target's greedy continuations of stretches of the corpus"
         if meta.get("greedy_windows") else "the corpus",
         held_out="the target's greedy continuations of stretches of the held-out plays, as it was trained"
@@ -328,7 +330,7 @@ The draft model adapted by the `pard` stage to parallel drafting (`specbook.draf
 the token j + 1 ahead. Trained from the distilled draft ({steps} steps, {minutes:.0f} min, {size_kb:.0f} kB in
 float16) for up to K = {depths} on {data}, every context at every depth of a window at once, with Conditional
 Drop-token (depth c keeps max({ratio}^c, {floor}) of its positions) and the loss KL(q || p) to the target at
-each position. The mask token is id {mask} ({mask_text}), which the training text never produces; the
+each position{weighting}. The mask token is id {mask} ({mask_text}), which the training text never produces; the
 config's `pard_token` names it, as vLLM reads it, and `pard_max_k` the largest K. Load it with
 `load_model("shakespeare", "pard")`.
 

@@ -84,9 +84,10 @@ def main(argv=None):
     parser.add_argument("--pard-layers", type=int, default=None,
                         help="the PARD draft's depth: the built-in draft grown to this many layers (each new one "
                              "starting as an identity) before its adaptation (default: the draft's own)")
-    parser.add_argument("--pard-reached", action="store_true",
+    parser.add_argument("--pard-reached", action=argparse.BooleanOptionalAction, default=True,
                         help="weight each mask row's loss by its chance of being verified, the product of the "
-                             "acceptance of the drafts before it (the expected accepted length, PARD-2's objective)")
+                             "acceptance of the drafts before it (the expected accepted length, PARD-2's objective; "
+                             "default: on, as the built-in one; --no-pard-reached weights every row alike)")
     parser.add_argument("--pard-dir", default=None,
                         help="where the PARD draft is saved (default: --out/pard, the built-in one; another folder "
                              "keeps a variant, such as the one trained without COD)")
