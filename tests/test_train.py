@@ -131,6 +131,7 @@ def test_blend_interpolates_weights_and_checks_mix():
     ("--copy-mix", "1.5", "--copy-mix must be in [0, 1], got 1.5"),
     ("--target-lr-scale", "0", "--target-lr-scale must be > 0, got 0.0"),
     ("--ckpt-every", "0", "--ckpt-every must be >= 1, got 0"),
+    ("--pard-corpus", "-1", "--pard-corpus must be >= 0 and needs --pard-greedy > 0, got -1"),
 ])
 def test_options_out_of_range_are_usage_errors(capsys, option, value, message):
     from specbook.train.cli import main
@@ -138,3 +139,12 @@ def test_options_out_of_range_are_usage_errors(capsys, option, value, message):
     with pytest.raises(SystemExit):
         main(["--stages", "card", option, value])
     assert message in capsys.readouterr().err
+
+
+def test_corpus_windows_need_greedy_ones(capsys):
+    """--pard-corpus mixes corpus windows into the target's greedy ones; without those it is a usage error."""
+    from specbook.train.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--stages", "card", "--pard-corpus", "8", "--pard-greedy", "0"])
+    assert "--pard-corpus must be >= 0 and needs --pard-greedy > 0, got 8 with --pard-greedy 0" in capsys.readouterr().err

@@ -42,7 +42,8 @@ def pard_variants(pair, folder=None) -> dict:
     "pard-text" (trained on the corpus, not on the target's greedy continuations), then every draft saved in a folder
     of ``folder`` (``python -m specbook.train --stages pard --pard-dir ...``), labelled by what its training.json
     sets apart: no COD (keep ratio 1), another keep ratio, another number of depths, the corpus, the rows weighted by
-    their chance of being verified (``--pard-reached``), or another number of the model's layers (``--pard-layers``)."""
+    their chance of being verified (``--pard-reached``), corpus windows mixed in (``--pard-corpus``), or another number
+    of the model's layers (``--pard-layers``)."""
     built_in = json.loads((assets_dir(pair.name) / "pard" / "training.json").read_text())
     built_in_layers = json.loads((assets_dir(pair.name) / "pard" / "config.json").read_text())["num_hidden_layers"]
     folders = [assets_dir(pair.name) / "pard-text"]
@@ -59,6 +60,8 @@ def pard_variants(pair, folder=None) -> dict:
             differences.append(f"with {meta['depths']} depths")
         if meta.get("greedy_windows") != built_in.get("greedy_windows"):
             differences.append("trained on the corpus")
+        if meta.get("corpus_windows", 0) != built_in.get("corpus_windows", 0):
+            differences.append(f"with {meta.get('corpus_windows', 0)} corpus windows")
         if meta.get("reached", False) != built_in.get("reached", False):
             differences.append("weighted by reach" if meta.get("reached") else "unweighted")
         model = load_model(str(path.parent), path.name, pair.target.device, pair.target.dtype)

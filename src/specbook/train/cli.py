@@ -81,6 +81,9 @@ def main(argv=None):
                         help="train the PARD draft on this many windows of the target's greedy continuations of "
                              "corpus stretches, 0 on the corpus itself (default: %(default)s; the built-in "
                              "pard-text was trained with 0)")
+    parser.add_argument("--pard-corpus", type=int, default=0,
+                        help="with --pard-greedy, this many random windows of the corpus mixed into the greedy "
+                             "ones (default: %(default)s, the built-in one's)")
     parser.add_argument("--pard-layers", type=int, default=None,
                         help="the PARD draft's depth: the built-in draft grown to this many layers (each new one "
                              "starting as an identity) before its adaptation (default: the draft's own)")
@@ -138,6 +141,9 @@ def main(argv=None):
         parser.error(f"--pard-depths must be in [2, 16], got {args.pard_depths}")
     if not 0 < args.pard_ratio <= 1:
         parser.error(f"--pard-ratio must be in (0, 1], got {args.pard_ratio}")
+    if args.pard_corpus < 0 or (args.pard_corpus and args.pard_greedy <= 0):
+        parser.error(f"--pard-corpus must be >= 0 and needs --pard-greedy > 0, got {args.pard_corpus} "
+                     f"with --pard-greedy {args.pard_greedy}")
     if args.target_lr_scale <= 0:
         parser.error(f"--target-lr-scale must be > 0, got {args.target_lr_scale}")
     sized = partial(TrainConfig, batch_size=args.batch_size, ckpt_every=args.ckpt_every)
@@ -292,7 +298,7 @@ def main(argv=None):
         saved = Path(args.pard_dir) if args.pard_dir else out / "pard"
         state = train_pard(draft, load_trained(out / "target", args.device).requires_grad_(False), train_tokens,
                            valid_tokens, config, work / f"ckpt-{saved.name}", args.device, args.pard_depths,
-                           args.pard_ratio, args.pard_greedy, args.pard_reached)
+                           args.pard_ratio, args.pard_greedy, args.pard_reached, args.pard_corpus)
         save_model(draft, saved, {"config": asdict(config), "hardware": hardware, **state})
     if "card" in stages:
         from ..bench import machine

@@ -162,6 +162,14 @@ def greedy_windows(target, tokens: torch.Tensor, count: int, block: int, prefix:
     return torch.cat(windows)
 
 
+def corpus_windows(tokens: torch.Tensor, count: int, block: int, seed: int = 0) -> torch.Tensor:
+    """``count`` windows (count, block) of ``tokens`` at random starts: the corpus's own text, mixed into the greedy
+    windows so that the first draft keeps what the draft knew of it (on the grounded prompts a draft adapted on
+    greedy text alone guesses its first token worse than the draft it started from)."""
+    starts = torch.randint(0, len(tokens) - block, (count,), generator=torch.Generator().manual_seed(seed))
+    return torch.stack([tokens[start:start + block] for start in starts.tolist()])
+
+
 def window_batches(windows: torch.Tensor, batch_size: int, generator: torch.Generator):
     """Endless batches of ``windows`` (count, block) drawn at random: (inputs, targets), the targets unused."""
     while True:
@@ -170,11 +178,12 @@ def window_batches(windows: torch.Tensor, batch_size: int, generator: torch.Gene
 
 
 def train_pard(draft, target, train_tokens, valid_tokens, config, ckpt_dir, device, depths=DEPTHS, ratio=RATIO,
-               greedy=0, reached=False):
+               greedy=0, reached=False, corpus=0):
     """Adapt ``draft`` (a causal LM, trained in place) into a PARD draft of ``depths`` drafts a call for ``target``
     (frozen); ``ratio`` 1 trains without COD. ``greedy``: train on that many windows of the target's greedy
     continuations (`greedy_windows`) instead of the corpus; ``reached``: each row's loss weighted by its chance of
-    being verified (`reach`). Returns the training state, with the mask token; the
+    being verified (`reach`); ``corpus``: that many windows of the corpus (`corpus_windows`) mixed into the greedy
+    ones. Returns the training state, with the mask token; the
     draft's config gets ``pard_token`` and ``pard_max_k``."""
     mask_token = unused_token(torch.cat([train_tokens, valid_tokens]), draft.config.vocab_size)
     draft.config.update({PARD_TOKEN: mask_token, PARD_MAX_K: depths})
@@ -185,10 +194,12 @@ def train_pard(draft, target, train_tokens, valid_tokens, config, ckpt_dir, devi
     data = None
     if greedy:  # trained and held out on the target's greedy continuations
         windows = greedy_windows(target, train_tokens, greedy, config.block_size, seed=config.seed)
+        if corpus:
+            windows = torch.cat([windows, corpus_windows(train_tokens, corpus, config.block_size, config.seed)])
         data = partial(window_batches, windows, config.batch_size)
         held_out = greedy_windows(target, valid_tokens, len(held_out), config.block_size, seed=config.seed)
     held_out = partial(agreement_by_depth, draft, target, held_out, mask_token, depths)
     state = train_model(draft, train_tokens, valid_tokens, config, ckpt_dir, device, desc="pard", loss_fn=loss,
                         evaluate_fn=held_out, data=data)
     return {**state, "mask_token": mask_token, "depths": depths, "cod": {"ratio": ratio, "floor": FLOOR},
-            "greedy_windows": greedy, "reached": reached}
+            "greedy_windows": greedy, "reached": reached, "corpus_windows": corpus}
