@@ -24,7 +24,7 @@ ABLATIONS = {  # results file -> (the stage that trains its variants, {variant: 
     "eagle3.json": ("eagle3", {"eagle3-no-ttt": "--eagle3-ttt 1", "eagle3-top-layer": "--eagle3-layers=-1",
                                "eagle3-vocab512": "--eagle3-vocab 512"}),
     "pard.json": ("pard", {"pard-no-cod": "--pard-ratio 1", "pard-2-layers": "--pard-layers 2",
-                           "pard-unweighted": "--no-pard-reached"}),
+                           "pard-unweighted": "--no-pard-reached", "pard-greedy-only": "--pard-corpus 0"}),
 }
 
 

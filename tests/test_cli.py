@@ -314,7 +314,7 @@ def test_the_pard_suite_labels_a_variant_by_its_training(tmp_path, monkeypatch):
     for name, model, meta in (("no-cod", pard, {**record, "cod": {**record["cod"], "ratio": 1.0}}),
                               ("two-layers", grow(pard, LlamaForCausalLM(config)), record),
                               ("unweighted", pard, {**record, "reached": False}),
-                              ("mixed", pard, {**record, "corpus_windows": 512})):
+                              ("mixed", pard, {**record, "corpus_windows": 256})):
         model.save_pretrained(tmp_path / "variants" / name)
         (tmp_path / "variants" / name / "training.json").write_text(json.dumps(meta))
     out = tmp_path / "pard.json"
@@ -323,7 +323,7 @@ def test_the_pard_suite_labels_a_variant_by_its_training(tmp_path, monkeypatch):
     results = json.loads(out.read_text())
     methods = {row["method"] for row in results["rows"]}
     assert {"draft model, k=6", "PARD, k=8", "PARD without COD, k=4", "PARD trained on the corpus, k=4",
-            "PARD of 2 layers, k=4", "PARD unweighted, k=4", "PARD with 512 corpus windows, k=4"} <= methods
+            "PARD of 2 layers, k=4", "PARD unweighted, k=4", "PARD with 256 corpus windows, k=4"} <= methods
     assert all(row["same_tokens"] for row in results["rows"] if row["sampling"] == "greedy")
     assert {"PARD without COD", "PARD trained on the corpus", "PARD of 2 layers"} <= set(results["alpha_by_position"])
     assert results["training"]["PARD without COD"]["cod"]["ratio"] == 1.0

@@ -1,6 +1,7 @@
 """The book's recorded CPU runs come from the engine at HEAD: a results file whose commit's engine differs from
 HEAD's (`specbook.bench.ENGINE_SOURCES`) is a table that no longer describes the code beside it."""
 
+import ast
 import json
 import subprocess
 from pathlib import Path
@@ -24,9 +25,29 @@ def git(*args) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
 
 
+def code(source: str) -> str:
+    """A module's code without its docstrings and comments: what runs, so that a corrected sentence of prose does
+    not make every table stale."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
 def engine_changes(commit: str) -> list[str]:
-    """The engine's sources that differ between ``commit`` and HEAD."""
-    return git("diff", "--name-only", commit, "HEAD", "--", *ENGINE_SOURCES).stdout.split()
+    """The engine's sources whose code (`code`) differs between ``commit`` and HEAD."""
+    changed = git("diff", "--name-only", commit, "HEAD", "--", *ENGINE_SOURCES).stdout.split()
+    return [path for path in changed if not path.endswith(".py")
+            or any(git("cat-file", "-e", f"{at}:{path}").returncode for at in (commit, "HEAD"))
+            or code(git("show", f"{commit}:{path}").stdout) != code(git("show", f"HEAD:{path}").stdout)]
+
+
+def test_a_docstring_is_not_code():
+    assert code('"""Prose."""\ndef f():\n    """More."""\n    return 1  # a note\n') == code("def f():\n    return 1\n")
+    assert code("def f():\n    return 1\n") != code("def f():\n    return 2\n")
 
 
 def test_the_cpu_records_are_known():

@@ -60,8 +60,9 @@ def pard_variants(pair, folder=None) -> dict:
             differences.append(f"with {meta['depths']} depths")
         if meta.get("greedy_windows") != built_in.get("greedy_windows"):
             differences.append("trained on the corpus")
-        if meta.get("corpus_windows", 0) != built_in.get("corpus_windows", 0):
-            differences.append(f"with {meta.get('corpus_windows', 0)} corpus windows")
+        elif meta.get("corpus_windows", 0) != built_in.get("corpus_windows", 0):  # mixed into the greedy ones
+            windows = meta.get("corpus_windows", 0)
+            differences.append(f"with {windows} corpus windows" if windows else "without corpus windows")
         if meta.get("reached", False) != built_in.get("reached", False):
             differences.append("weighted by reach" if meta.get("reached") else "unweighted")
         model = load_model(str(path.parent), path.name, pair.target.device, pair.target.dtype)

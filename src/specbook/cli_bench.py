@@ -271,8 +271,8 @@ def run_pard(pair, args, path):
         results = {"machine": machine(), **path, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
                    "sampled_temperature": _samplings(args)["sampled"].temperature, "categories": args.categories,
                    "training": {part: {**{key: meta.get(key) for key in ("mask_token", "depths", "cod",
-                                                                          "greedy_windows", "reached", "seconds",
-                                                                          "step")},
+                                                                          "greedy_windows", "corpus_windows",
+                                                                          "reached", "seconds", "step")},
                                        "layers": models[part].config.num_hidden_layers}
                                 for part, meta in training.items()},
                    "alpha_by_position": positions,

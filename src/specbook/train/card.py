@@ -145,7 +145,8 @@ def pard_section(out, pair, prompts):
         weighting=", each row's weighted by its chance of being verified (the product of the acceptance of the drafts "
         "before it in its call: `specbook.train.pard.reach`)" if meta.get("reached") else "",
         data=f"{meta['greedy_windows']} windows of the target's greedy continuations of stretches of the corpus"
-        if meta.get("greedy_windows") else "the corpus",
+        + (f" and {meta['corpus_windows']} windows of the corpus itself (so that the first draft keeps what the draft "
+           "knew of it)" if meta.get("corpus_windows") else "") if meta.get("greedy_windows") else "the corpus",
         held_out="the target's greedy continuations of stretches of the held-out plays, as it was trained"
         if meta.get("greedy_windows") else "the held-out plays")
 

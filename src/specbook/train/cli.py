@@ -81,9 +81,10 @@ def main(argv=None):
                         help="train the PARD draft on this many windows of the target's greedy continuations of "
                              "corpus stretches, 0 on the corpus itself (default: %(default)s; the built-in "
                              "pard-text was trained with 0)")
-    parser.add_argument("--pard-corpus", type=int, default=0,
+    parser.add_argument("--pard-corpus", type=int, default=None,
                         help="with --pard-greedy, this many random windows of the corpus mixed into the greedy "
-                             "ones (default: %(default)s, the built-in one's)")
+                             "ones, so that the first draft keeps what the draft knew of the corpus (default: 512 "
+                             "with greedy windows, the built-in one's; 0 without)")
     parser.add_argument("--pard-layers", type=int, default=None,
                         help="the PARD draft's depth: the built-in draft grown to this many layers (each new one "
                              "starting as an identity) before its adaptation (default: the draft's own)")
@@ -141,6 +142,8 @@ def main(argv=None):
         parser.error(f"--pard-depths must be in [2, 16], got {args.pard_depths}")
     if not 0 < args.pard_ratio <= 1:
         parser.error(f"--pard-ratio must be in (0, 1], got {args.pard_ratio}")
+    if args.pard_corpus is None:
+        args.pard_corpus = 512 if args.pard_greedy > 0 else 0
     if args.pard_corpus < 0 or (args.pard_corpus and args.pard_greedy <= 0):
         parser.error(f"--pard-corpus must be >= 0 and needs --pard-greedy > 0, got {args.pard_corpus} "
                      f"with --pard-greedy {args.pard_greedy}")

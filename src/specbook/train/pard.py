@@ -178,7 +178,7 @@ def window_batches(windows: torch.Tensor, batch_size: int, generator: torch.Gene
 
 
 def train_pard(draft, target, train_tokens, valid_tokens, config, ckpt_dir, device, depths=DEPTHS, ratio=RATIO,
-               greedy=0, reached=False, corpus=0):
+               greedy=512, reached=True, corpus=512):
     """Adapt ``draft`` (a causal LM, trained in place) into a PARD draft of ``depths`` drafts a call for ``target``
     (frozen); ``ratio`` 1 trains without COD. ``greedy``: train on that many windows of the target's greedy
     continuations (`greedy_windows`) instead of the corpus; ``reached``: each row's loss weighted by its chance of
@@ -195,7 +195,8 @@ def train_pard(draft, target, train_tokens, valid_tokens, config, ckpt_dir, devi
     if greedy:  # trained and held out on the target's greedy continuations
         windows = greedy_windows(target, train_tokens, greedy, config.block_size, seed=config.seed)
         if corpus:
-            windows = torch.cat([windows, corpus_windows(train_tokens, corpus, config.block_size, config.seed)])
+            windows = torch.cat([windows, corpus_windows(train_tokens, corpus, config.block_size,
+                                                         config.seed + 1)])  # starts apart from the greedy ones
         data = partial(window_batches, windows, config.batch_size)
         held_out = greedy_windows(target, valid_tokens, len(held_out), config.block_size, seed=config.seed)
     held_out = partial(agreement_by_depth, draft, target, held_out, mask_token, depths)
