@@ -60,8 +60,7 @@ def pard_variants(pair, folder=None) -> dict:
             differences.append(f"with {meta['depths']} depths")
         if meta.get("greedy_windows") != built_in.get("greedy_windows"):
             differences.append("trained on the corpus")
-        elif meta.get("corpus_windows", 0) != built_in.get("corpus_windows", 0):  # mixed into the greedy ones
-            windows = meta.get("corpus_windows", 0)
+        elif (windows := meta.get("corpus_windows", 0)) != built_in.get("corpus_windows", 0):  # in the greedy ones
             differences.append(f"with {windows} corpus windows" if windows else "without corpus windows")
         if meta.get("reached", False) != built_in.get("reached", False):
             differences.append("weighted by reach" if meta.get("reached") else "unweighted")

@@ -18,7 +18,7 @@ from .glide import train_glide
 from .heads import compare_mtp, eagle3_loss, eagle_loss, exit_loss, medusa_loss, save_head, train_head, train_mtp
 from .loop import TrainConfig, copy_losses, evaluate, train_model
 from .models import MODEL_CONFIGS, blend, grow, load_trained, model_shape, new_model, save_model
-from .pard import DEPTHS as PARD_DEPTHS, RATIO, train_pard
+from .pard import CORPUS, DEPTHS as PARD_DEPTHS, GREEDY, RATIO, train_pard
 
 
 DESCRIPTION = "Reproducible training of the built-in Shakespeare model pair."
@@ -77,13 +77,13 @@ def main(argv=None):
     parser.add_argument("--pard-ratio", type=float, default=RATIO,
                         help="COD's keep ratio r (depth c keeps max(r^c, 0.2) of its positions); 1 for no drop "
                              "(default: %(default)s)")
-    parser.add_argument("--pard-greedy", type=int, default=512,
+    parser.add_argument("--pard-greedy", type=int, default=GREEDY,
                         help="train the PARD draft on this many windows of the target's greedy continuations of "
                              "corpus stretches, 0 on the corpus itself (default: %(default)s; the built-in "
                              "pard-text was trained with 0)")
     parser.add_argument("--pard-corpus", type=int, default=None,
                         help="with --pard-greedy, this many random windows of the corpus mixed into the greedy "
-                             "ones, so that the first draft keeps what the draft knew of the corpus (default: 512 "
+                             f"ones, so that the first draft keeps what the draft knew of the corpus (default: {CORPUS} "
                              "with greedy windows, the built-in one's; 0 without)")
     parser.add_argument("--pard-layers", type=int, default=None,
                         help="the PARD draft's depth: the built-in draft grown to this many layers (each new one "
@@ -143,7 +143,7 @@ def main(argv=None):
     if not 0 < args.pard_ratio <= 1:
         parser.error(f"--pard-ratio must be in (0, 1], got {args.pard_ratio}")
     if args.pard_corpus is None:
-        args.pard_corpus = 512 if args.pard_greedy > 0 else 0
+        args.pard_corpus = CORPUS if args.pard_greedy > 0 else 0
     if args.pard_corpus < 0 or (args.pard_corpus and args.pard_greedy <= 0):
         parser.error(f"--pard-corpus must be >= 0 and needs --pard-greedy > 0, got {args.pard_corpus} "
                      f"with --pard-greedy {args.pard_greedy}")

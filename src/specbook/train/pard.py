@@ -30,6 +30,7 @@ from .loop import _kl, _kl_rows, train_model
 
 DEPTHS = 8  # the layout's copies: the text and 7 mask depths, for up to 8 drafts a call
 RATIO, FLOOR = 0.7, 0.2  # COD: depth c keeps max(RATIO ** c, FLOOR) of its positions
+GREEDY, CORPUS = 512, 512  # the built-in draft's windows: the target's greedy continuations, the corpus's own
 
 
 def unused_token(tokens: torch.Tensor, vocab: int) -> int:
@@ -178,7 +179,7 @@ def window_batches(windows: torch.Tensor, batch_size: int, generator: torch.Gene
 
 
 def train_pard(draft, target, train_tokens, valid_tokens, config, ckpt_dir, device, depths=DEPTHS, ratio=RATIO,
-               greedy=512, reached=True, corpus=512):
+               greedy=GREEDY, reached=True, corpus=CORPUS):
     """Adapt ``draft`` (a causal LM, trained in place) into a PARD draft of ``depths`` drafts a call for ``target``
     (frozen); ``ratio`` 1 trains without COD. ``greedy``: train on that many windows of the target's greedy
     continuations (`greedy_windows`) instead of the corpus; ``reached``: each row's loss weighted by its chance of
