@@ -3,6 +3,8 @@ seconds, and the chi-square test that every lossless method must pass and every 
 fail. (A module of its own, not conftest.py, so that `from support import ...` is unambiguous.)"""
 
 import itertools
+import json
+import shutil
 
 import torch
 from scipy.stats import chisquare
@@ -10,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specbook.cache import SlotCache
 from specbook.decoding import speculative_generate
+from specbook.models import assets_dir
 from specbook.profile import host_reads
 from specbook.sampling import Sampler
 
@@ -20,6 +23,20 @@ def tiny_model(vocab_size=64, hidden_size=32, num_layers=2, seed=0, max_position
                          num_attention_heads=2, num_key_value_heads=2, intermediate_size=2 * hidden_size,
                          max_position_embeddings=max_positions, eos_token_id=eos_token_id, bos_token_id=None)
     return LlamaForCausalLM(config).eval()
+
+
+def training_folders(tmp_path):
+    """``specbook.train``'s folders for a stage's test: ``out`` with the built-in tokenizer, ``work`` with the held-out
+    prompts as its train and valid text. Returns (out, work)."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    out.mkdir()
+    work.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(assets_dir() / name, out / name)
+    text = "\n\n".join(json.loads((assets_dir() / "heldout_prompts.json").read_text()))
+    for split in ("train", "valid"):
+        (work / f"{split}.txt").write_text(text)
+    return out, work
 
 
 # --- lossless under sampling: the whole output sequence follows the target's exact distribution

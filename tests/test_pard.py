@@ -13,8 +13,8 @@ import specbook.graphs
 import specbook.train.pard
 from specbook import PardDrafter, Sampler, autoregressive_generate, speculative_generate
 from specbook.drafters import Draft
-from specbook.train.pard import (agreement_by_depth, corpus_windows, greedy_windows, kept_positions, layout, pard_loss,
-                                 pard_predictions, predecessors, reach, text_windows, unused_token)
+from specbook.train.pard import (agreement_by_depth, kept_positions, layout, pard_loss, pard_predictions,
+                                 predecessors, reach, text_windows, unused_token)
 
 from families import FAMILIES, VOCAB, hf_greedy, tiny_family_model
 from support import SAMPLERS, chi_square_p_value, tiny_model
@@ -189,24 +189,6 @@ def test_bad_drafts_and_k_are_refused(pair):
         speculative_generate(target, PardDrafter(draft), torch.tensor([PROMPT]), 8, k=7, sampler=GREEDY)
     with pytest.raises(ValueError, match="drafts for one sequence at a time"):
         speculative_generate(target, PardDrafter(draft), torch.tensor([[1, 2], [3, 4]]), 4, sampler=GREEDY)
-
-
-def test_greedy_windows_are_the_targets_continuations():
-    target = tiny_model(seed=0)
-    windows = greedy_windows(target, torch.randint(0, 64, (100,), generator=torch.Generator().manual_seed(0)), 3, 12,
-                             prefix=4, batch=2)
-    assert windows.shape == (3, 12)
-    for row in windows:
-        assert autoregressive_generate(target, row[None, :4], 8, GREEDY).token_ids == row[4:].tolist()
-
-
-def test_corpus_windows_are_stretches_of_the_corpus():
-    tokens = torch.arange(100)
-    windows = corpus_windows(tokens, 5, 12, seed=3)
-    assert windows.shape == (5, 12)
-    for row in windows:  # consecutive ids: one stretch of the corpus each
-        assert row.tolist() == list(range(int(row[0]), int(row[0]) + 12))
-    assert torch.equal(windows, corpus_windows(tokens, 5, 12, seed=3))  # reproducible from its seed
 
 
 def test_keep_drafting_is_asked_in_order_until_it_stops(pair):

@@ -1,5 +1,6 @@
-"""The book's recorded CPU runs come from the engine at HEAD: a results file whose commit's engine differs from
-HEAD's (`specbook.bench.ENGINE_SOURCES`) is a table that no longer describes the code beside it."""
+"""The book's recorded CPU runs come from the engine and the models at HEAD: a results file whose commit's engine
+(`specbook.bench.ENGINE_SOURCES`) or built-in pair's weights differ from HEAD's is a table that no longer describes
+the code and the models beside it."""
 
 import ast
 import json
@@ -45,6 +46,18 @@ def engine_changes(commit: str) -> list[str]:
             or code(git("show", f"{commit}:{path}").stdout) != code(git("show", f"HEAD:{path}").stdout)]
 
 
+# The built-in models a file's runs read, where they are not all of its pair's: a change to another leaves it current.
+READS = {"eagle3.json": ("target", "eagle", "eagle3")}
+
+
+def weight_changes(commit: str, name: str, pair: str) -> list[str]:
+    """The files of the models of the built-in ``pair`` that results/``name`` read (weights and configs) that differ
+    between ``commit`` and HEAD."""
+    folders = [f"src/specbook/assets/{pair}/{part}" for part in READS.get(name, ("**",))]
+    return git("diff", "--name-only", commit, "HEAD", "--", *(f":(glob){folder}/{file}" for folder in folders
+                                                               for file in ("*.safetensors", "config.json"))).stdout.split()
+
+
 def test_a_docstring_is_not_code():
     assert code('"""Prose."""\ndef f():\n    """More."""\n    return 1  # a note\n') == code("def f():\n    return 1\n")
     assert code("def f():\n    return 1\n") != code("def f():\n    return 2\n")
@@ -66,8 +79,8 @@ def test_a_cpu_record_names_its_cpu_and_comes_from_the_engine_at_head(name):
         pytest.skip("not in a clone of the repository: no history to compare with")
     if git("cat-file", "-e", f"{commit}^{{commit}}").returncode:
         pytest.skip(f"commit {commit[:7]} is not in this clone's history (a shallow clone)")
-    changed = engine_changes(commit)
-    assert not changed, (f"results/{name} was recorded at {commit[:7]}; the engine has changed since "
+    changed = engine_changes(commit) + weight_changes(commit, name, record.get("pair", "shakespeare"))
+    assert not changed, (f"results/{name} was recorded at {commit[:7]}; the engine or the models have changed since "
                          f"({', '.join(changed)}): re-record it with {RECORDED_BY[name]}")
 
 

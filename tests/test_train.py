@@ -9,9 +9,7 @@ import torch
 from specbook.train.loop import TrainConfig, batches, lr_at
 from specbook.train.models import blend, grow
 
-from specbook.models import assets_dir
-
-from support import tiny_model
+from support import tiny_model, training_folders
 
 
 def test_grow_keeps_the_function_and_the_old_layers():
@@ -82,14 +80,7 @@ def test_copy_stage_trains_the_target_on_and_records_its_phases(tmp_path):
     from specbook.train.cli import main
     from specbook.train.models import load_trained
 
-    out, work = tmp_path / "out", tmp_path / "work"
-    out.mkdir()
-    work.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(assets_dir() / name, out / name)
-    text = "\n\n".join(json.loads((assets_dir() / "heldout_prompts.json").read_text()))
-    for split in ("train", "valid"):
-        (work / f"{split}.txt").write_text(text)
+    out, work = training_folders(tmp_path)
     tiny_model(vocab_size=2048, seed=2).save_pretrained(out / "target")
     earlier = {"step": 3, "seconds": 60.0, "grown_from": {"layers": 1, "step": 1, "seconds": 30.0}}
     (out / "target" / "training.json").write_text(json.dumps(earlier))

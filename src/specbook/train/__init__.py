@@ -15,23 +15,31 @@ Stages, each resumable and skipped when its output already exists:
                  written again and again, then a phase on text to bring its loss back down; last,
                  the weights are blended with those from before the stage (WiSE-FT, Wortsman et al.
                  2022), which keeps most of the copying and keeps the one-layer draft able to follow.
-4. ``draft``     a much smaller Llama-style model distilled from the target: trained on the target's
-                 soft labels, minimising KL(q || p) at every position (Hinton et al. 2015; this is
-                 the "distillation improves acceptance" recipe of DistillSpec, Zhou et al. 2024).
-                 A baseline draft trained on the data alone is kept to report α before distillation.
-5. ``medusa``    Medusa heads on the frozen target (`specbook.heads.MedusaHeads`): head i learns the
+4. ``draft``     a much smaller Llama-style model distilled from the target on the corpus
+                 (``draft-corpus``): trained on the target's soft labels, minimising KL(q || p) at every
+                 position (Hinton et al. 2015; DistillSpec, Zhou et al. 2024). A baseline draft trained
+                 on the data alone (``draft-undistilled``) is kept to report α before distillation.
+5. ``greedy``    the pair's ``draft``: ``draft-corpus`` distilled again, on the target's own greedy
+                 continuations of stretches of the corpus with windows of the corpus mixed in
+                 (`specbook.train.greedy`; DistillSpec's finding that text the models generate beats a
+                 fixed corpus): the text a greedy verifier checks the draft on.
+6. ``medusa``    Medusa heads on the frozen target (`specbook.heads.MedusaHeads`): head i learns the
                  token i + 2 ahead from the target's last hidden state (Cai et al. 2024).
-6. ``eagle``     an EAGLE head on the frozen target (`specbook.heads.EagleHead`): one layer that
+7. ``eagle``     an EAGLE head on the frozen target (`specbook.heads.EagleHead`): one layer that
                  predicts the target's next hidden state from the last one and the next token
                  (Li et al. 2024).
-7. ``exit``      an exit head after the target's first layer, for self-speculative decoding
+8. ``eagle3``    an EAGLE-3 head (`specbook.eagle3`; Li et al. 2025): the target's features from three
+                 layers fused, trained with a training-time test on its own outputs.
+9. ``exit``      an exit head after the target's first layer, for self-speculative decoding
                  (`specbook.heads.ExitHead`; LayerSkip, Kangaroo).
-8. ``glide``     a GliDe draft (`specbook.glide`; Du et al. 2024): the draft with a cross-attention to
-                 the target's cached keys and values, fine-tuned with the block-lag mask on the frozen
+10. ``glide``    a GliDe draft (`specbook.glide`; Du et al. 2024): ``draft-corpus`` with a cross-attention
+                 to the target's cached keys and values, fine-tuned with the block-lag mask on the frozen
                  target, and a control fine-tuned the same way without it.
-9. ``mtp``       multi-token prediction (`specbook.mtp`; Gloeckle et al. 2024): the target's top layers
+11. ``mtp``      multi-token prediction (`specbook.mtp`; Gloeckle et al. 2024): the target's top layers
                  fine-tuned jointly with three extra heads under the multi-token loss.
-10. ``card``     measures what ships and writes the model card, ``README.md``.
+12. ``pard``     a PARD draft (`specbook.train.pard`; An et al. 2026): ``draft-corpus`` adapted to draft
+                 K tokens from one call fed K - 1 mask tokens.
+13. ``card``     measures what ships and writes the model card, ``README.md``.
 
 Training checkpoints (model, optimizer, step, random state) are written every ``--ckpt-every``
 steps so that an interrupted run picks up where it stopped.
@@ -42,8 +50,9 @@ command of its own, on the same corpus and tokenizer::
     python -m specbook.train seq2seq --work data/train --out src/specbook/assets/shakespeare-seq2seq
 
 The modules: `corpus` (the text and its tokenizer), `models` (shapes, growing, blending, saving),
-`loop` (batches, losses, the resumable training loop), `heads` (Medusa and EAGLE on the frozen
-target), `card` (the model card) and `cli` (the stages above, ``python -m specbook.train``);
+`loop` (batches, losses, the resumable training loop), `greedy` (the target's greedy text, and the
+draft's distillation on it), `heads` (Medusa, EAGLE, EAGLE-3 and the exit on the frozen target), `glide`,
+`pard`, `card` (the model card) and `cli` (the stages above, ``python -m specbook.train``);
 `seq2seq` (the encoder-decoder pair's task, models and losses), `seq2seq_cli` (its stages) and
 `seq2seq_card` (its model card).
 """

@@ -14,19 +14,16 @@ def write_card(out, work, log):
     from ..models import load_pair
 
     pair = load_pair("shakespeare")
-    undistilled = load_trained(out / "draft-undistilled", "cpu")
+    drafts = {name: load_trained(out / name, "cpu") for name in ("draft-corpus", "draft-undistilled")}
+    models = {"target": pair.target, "draft": pair.draft, **drafts}
     prompts = [pair.encode(text) for text in json.loads((out / "heldout_prompts.json").read_text())]
-    params = {name: sum(p.numel() for p in model.parameters())
-              for name, model in (("target", pair.target), ("draft", pair.draft))}
     latency = {name: decode_latency(model, prompts[0], new_tokens=128, repeats=5)
                for name, model in (("target", pair.target), ("draft", pair.draft))}
-    alpha = {"distilled": measure_alpha(pair.target, pair.draft, prompts),
-             "undistilled": measure_alpha(pair.target, undistilled, prompts)}
-    meta = {name: json.loads((out / name / "training.json").read_text()) for name in ("target", "draft", "draft-undistilled")}
+    alpha = {name: measure_alpha(pair.target, model, prompts) for name, model in models.items() if name != "target"}
+    meta = {name: json.loads((out / name / "training.json").read_text()) for name in models}
     config = TrainConfig(steps=0)
     valid_tokens = encode_file(pair.tokenizer, work / "valid.txt")
-    loss = {name: evaluate(model, valid_tokens, config, "cpu")["loss"]
-            for name, model in (("target", pair.target), ("draft", pair.draft), ("draft-undistilled", undistilled))}
+    loss = {name: evaluate(model, valid_tokens, config, "cpu")["loss"] for name, model in models.items()}
     copying = copy_losses(pair.target, valid_tokens)
     from ..decoding import autoregressive_generate
     from ..sampling import Sampler
@@ -35,16 +32,20 @@ def write_card(out, work, log):
         for name, model in (("target", pair.target), ("draft", pair.draft))}
     size_mb = sum(f.stat().st_size for f in out.rglob("*.safetensors")) / 1e6
     rows = "\n".join(
-        f"| {name} | {params.get(name, sum(p.numel() for p in undistilled.parameters())):,} | "
-        f"{meta[name]['step']} | "
+        f"| {name} | {sum(p.numel() for p in model.parameters()):,} | {meta[name]['step']} | "
         f"{meta[name]['seconds'] / 60:.0f} min | {loss[name]:.3f} |"
-        for name in ("target", "draft", "draft-undistilled"))
+        for name, model in models.items())
+    greedy = meta["draft"]
     card = CARD.format(
         held_out=", ".join(HELD_OUT_PLAYS), rows=rows, hardware=meta["target"]["hardware"], size_mb=size_mb,
         target_ms=1000 * latency["target"], draft_ms=1000 * latency["draft"],
         cost_ratio=latency["draft"] / latency["target"], machine=log["machine"],
-        greedy=alpha["distilled"]["greedy"], sampled=alpha["distilled"]["sampled"],
-        greedy_before=alpha["undistilled"]["greedy"], sampled_before=alpha["undistilled"]["sampled"],
+        greedy=alpha["draft"]["greedy"], sampled=alpha["draft"]["sampled"],
+        greedy_corpus=alpha["draft-corpus"]["greedy"], sampled_corpus=alpha["draft-corpus"]["sampled"],
+        greedy_before=alpha["draft-undistilled"]["greedy"], sampled_before=alpha["draft-undistilled"]["sampled"],
+        greedy_windows=greedy["greedy_windows"], corpus_windows=greedy["corpus_windows"], prefix=greedy["prefix"],
+        block=greedy["config"]["block_size"], agreement_before=greedy["start"]["agreement"],
+        agreement=greedy["log"][-1]["agreement"],
         target_sample=samples["target"], draft_sample=samples["draft"],
         target_config=MODEL_CONFIGS["target"], draft_config=MODEL_CONFIGS["draft"],
         target_phases=_phases(meta["target"]), copy_first=copying[0], copy_second=copying[1],
@@ -213,10 +214,15 @@ and loaded in float32.
 {rows}
 
 Trained on: {hardware}.
-Target: {target_config}. Draft: {draft_config}. {target_phases} The draft was distilled from the target: trained to
-minimise KL(q || p) against the target's full next-token distribution at every position.
-`draft-undistilled` has the same shape, trained on the text alone, and is kept to show what
-distillation buys.
+Target: {target_config}. Draft: {draft_config}. {target_phases} The draft was distilled from the target in
+two stages, each trained to minimise KL(q || p) against the target's full next-token distribution at every
+position: first on the corpus (`draft-corpus`, the `draft` stage), then on the target's own text (the `greedy`
+stage, `specbook.train.greedy`): {greedy_windows} windows of {block} tokens, each a stretch of {prefix} tokens of
+the corpus and the target's greedy continuation, with {corpus_windows} windows of the corpus mixed in. On greedy
+continuations of the held-out plays the draft's argmax agrees with the target's at {agreement:.3f} of the continued
+positions, `draft-corpus`'s at {agreement_before:.3f} (`specbook.train.greedy.greedy_agreement`). `draft-corpus` (the start of the PARD and GliDe
+drafts) and `draft-undistilled`, of the same shape and trained on the text alone, are kept to show what each
+stage buys.
 
 ## Speed and acceptance, measured on held-out prompts
 
@@ -224,8 +230,9 @@ Measured on {machine}, batch 1, with the KV cache (`specbook.bench.decode_latenc
 
 - target: {target_ms:.2f} ms per token; draft: {draft_ms:.2f} ms per token; cost ratio c = {cost_ratio:.3f}.
 - acceptance (`specbook.bench.measure_alpha`, 16 held-out prompts, 64 tokens each):
-  greedy {greedy:.3f} (before distillation {greedy_before:.3f}); sampled at temperature 1, mean
-  sum min(p, q) = {sampled:.3f} (before distillation {sampled_before:.3f}).
+  greedy {greedy:.3f} (distilled on the corpus only {greedy_corpus:.3f}, undistilled {greedy_before:.3f}); sampled
+  at temperature 1, mean sum min(p, q) = {sampled:.3f} (distilled on the corpus only {sampled_corpus:.3f},
+  undistilled {sampled_before:.3f}).
 - copying from the context (`specbook.train.loop.copy_losses`, 16 held-out passages of 100 tokens, each
   written twice): the target's loss is {copy_first:.2f} nats per token on the first copy and
   {copy_second:.2f} on the second. {copy_verdict}
@@ -328,7 +335,7 @@ PARD_CARD = """
 
 The draft model adapted by the `pard` stage to parallel drafting (`specbook.drafters.PardDrafter`; An et al.,
 "PARD", ICLR 2026): fed the context and K - 1 copies of a mask token, one call predicts K tokens, the j-th mask
-the token j + 1 ahead. Trained from the distilled draft ({steps} steps, {minutes:.0f} min, {size_kb:.0f} kB in
+the token j + 1 ahead. Trained from `draft-corpus`, the draft distilled on the corpus ({steps} steps, {minutes:.0f} min, {size_kb:.0f} kB in
 float16) for up to K = {depths} on {data}, every context at every depth of a window at once, with Conditional
 Drop-token (depth c keeps max({ratio}^c, {floor}) of its positions) and the loss KL(q || p) to the target at
 each position{weighting}. The mask token is id {mask} ({mask_text}), which the training text never produces; the

@@ -15,6 +15,7 @@ from ..mtp import MAX_TOKENS, MultiTokenHeads
 from .card import write_card
 from .corpus import build_corpus, encode_file, heldout_prompts, train_tokenizer
 from .glide import train_glide
+from .greedy import BLOCK as GREEDY_BLOCK, CORPUS as GREEDY_CORPUS, PREFIX as GREEDY_PREFIX, WINDOWS, distill_on_greedy
 from .heads import compare_mtp, eagle3_loss, eagle_loss, exit_loss, medusa_loss, save_head, train_head, train_mtp
 from .loop import TrainConfig, copy_losses, evaluate, train_model
 from .models import MODEL_CONFIGS, blend, grow, load_trained, model_shape, new_model, save_model
@@ -23,7 +24,7 @@ from .pard import CORPUS, DEPTHS as PARD_DEPTHS, GREEDY, RATIO, train_pard
 
 DESCRIPTION = "Reproducible training of the built-in Shakespeare model pair."
 EXIT_LAYER = 1  # the exit with the best modelled speedup on the built-in target (its training.json, "exit_layers")
-STAGES = ("corpus", "tokenizer", "target", "copy", "draft", "medusa", "eagle", "eagle3", "exit", "glide", "mtp",
+STAGES = ("corpus", "tokenizer", "target", "copy", "draft", "greedy", "medusa", "eagle", "eagle3", "exit", "glide", "mtp",
           "pard", "card")
 
 
@@ -39,7 +40,13 @@ def main(argv=None):
     parser.add_argument("--anneal-steps", type=int, default=200, help="the copy stage's steps on text after them")
     parser.add_argument("--copy-mix", type=float, default=0.8,
                         help="the copy stage's blend: weights = (1 - mix) before + mix after the stage")
-    parser.add_argument("--draft-steps", type=int, default=1200)
+    parser.add_argument("--draft-steps", type=int, default=1200, help="the draft's distillation on the corpus")
+    parser.add_argument("--greedy-steps", type=int, default=1500,
+                        help="the draft's second distillation, on the target's greedy text (default: %(default)s)")
+    parser.add_argument("--greedy-windows", type=int, default=WINDOWS,
+                        help="windows of the target's greedy continuations it distils on (default: %(default)s)")
+    parser.add_argument("--greedy-corpus", type=int, default=GREEDY_CORPUS,
+                        help="windows of the corpus mixed into them (default: %(default)s)")
     parser.add_argument("--medusa-steps", type=int, default=300)
     parser.add_argument("--medusa-heads", type=int, default=4, help="how many Medusa heads (default: %(default)s)")
     parser.add_argument("--eagle-steps", type=int, default=500)
@@ -138,6 +145,9 @@ def main(argv=None):
         parser.error(f"--eagle3-layers must be comma-separated integers, got {args.eagle3_layers!r}")
     if args.glide_block < 1:
         parser.error(f"--glide-block must be >= 1, got {args.glide_block}")
+    if args.greedy_windows < 1 or args.greedy_corpus < 0:
+        parser.error(f"--greedy-windows must be >= 1 and --greedy-corpus >= 0, got {args.greedy_windows} and "
+                     f"{args.greedy_corpus}")
     if not 2 <= args.pard_depths <= 16:
         parser.error(f"--pard-depths must be in [2, 16], got {args.pard_depths}")
     if not 0 < args.pard_ratio <= 1:
@@ -213,13 +223,21 @@ def main(argv=None):
         for param in target.parameters():
             param.requires_grad_(False)
         config = sized(steps=args.draft_steps, lr=3e-3, seed=args.seed + 1)
-        for name, teacher in (("draft", target), ("draft-undistilled", None)):
+        for name, teacher in (("draft-corpus", target), ("draft-undistilled", None)):
             model = new_model("draft", tokenizer, args.seed + 1, **shapes["draft"])
             state = train_model(model, train_tokens, valid_tokens, config, work / f"ckpt-{name}", args.device,
                                 teacher=teacher, desc=name)
             state["final"] = evaluate(model, valid_tokens, config, args.device, teacher=target)
             meta = {"config": asdict(config), "hardware": hardware, "distilled": teacher is not None, **state}
             save_model(model, out / name, meta)
+    if "greedy" in stages:  # the pair's draft: the corpus-distilled one distilled again on the target's greedy text
+        config = sized(steps=args.greedy_steps, block_size=GREEDY_BLOCK, lr=1e-3, warmup=50, seed=args.seed + 12)
+        draft = load_trained(out / "draft-corpus", args.device)
+        state = distill_on_greedy(draft, load_trained(out / "target", args.device).requires_grad_(False), train_tokens,
+                                  valid_tokens, config, work / "ckpt-draft-greedy", args.device, args.greedy_windows,
+                                  args.greedy_corpus, GREEDY_PREFIX)
+        save_model(draft, out / "draft", {"config": asdict(config), "hardware": hardware, "distilled": True,
+                                          "init": "draft-corpus", **state})
     if stages & {"medusa", "eagle", "eagle3", "exit", "glide", "mtp"}:
         target = load_trained(out / "target", args.device).requires_grad_(False)
     if "medusa" in stages:
@@ -286,12 +304,12 @@ def main(argv=None):
         save_head(mtp, out / "mtp", {"config": asdict(config), "hardware": hardware, **state})
     if "glide" in stages:
         config = sized(steps=args.glide_steps, block_size=256, lr=1e-3, warmup=20, seed=args.seed + 9)
-        heldout = train_glide(target, out / "draft", train_tokens, valid_tokens, config, args.glide_block, work, out,
+        heldout = train_glide(target, out / "draft-corpus", train_tokens, valid_tokens, config, args.glide_block, work, out,
                               args.device, {"hardware": hardware}, tokenizer)
         print({name: {key: round(value, 3) for key, value in figures.items()} for name, figures in heldout.items()})
     if "pard" in stages:
         config = sized(steps=args.pard_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 11)
-        draft = load_trained(out / "draft", args.device)  # adapted from the built-in draft
+        draft = load_trained(out / "draft-corpus", args.device)  # adapted from the draft distilled on the corpus
         if args.pard_layers is not None:  # grown first: a second layer can look back and copy (induction)
             depth = draft.config.num_hidden_layers
             if args.pard_layers < depth:

@@ -15,6 +15,7 @@ cross-attention. Whatever GliDe gains over its control comes from reading the ta
 import json
 from dataclasses import asdict
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -82,7 +83,7 @@ def train_glide(target, draft_dir, train_tokens, valid_tokens, config, block, wo
         save_model(model, out / name, states[name])
     glide, control = (load_trained(out / name, device) for name in states)
     heldout = heldout_acceptance(target, {"glide": GlideDrafter(glide), "glide+cape": GlideDrafter(glide, CaPE()),
-                                          "glide-control": control, "draft": load_trained(draft_dir, device)},
+                                          "glide-control": control, Path(draft_dir).name: load_trained(draft_dir, device)},
                                  tokenizer, json.loads((out / "heldout_prompts.json").read_text()), k)
     for name, state in states.items():
         state["heldout_greedy"] = {"k": k, "new_tokens": 64, **heldout}

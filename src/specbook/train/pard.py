@@ -26,11 +26,12 @@ import torch
 
 from ..drafters.pard import PARD_MAX_K, PARD_TOKEN
 from ..masks import attention_inputs
+from .greedy import corpus_windows, greedy_windows, window_batches
 from .loop import _kl, _kl_rows, train_model
 
 DEPTHS = 8  # the layout's copies: the text and 7 mask depths, for up to 8 drafts a call
 RATIO, FLOOR = 0.7, 0.2  # COD: depth c keeps max(RATIO ** c, FLOOR) of its positions
-GREEDY, CORPUS = 512, 512  # the built-in draft's windows: the target's greedy continuations, the corpus's own
+GREEDY, CORPUS = 512, 512  # the built-in PARD draft's windows: the target's greedy continuations, the corpus's own
 
 
 def unused_token(tokens: torch.Tensor, vocab: int) -> int:
@@ -141,41 +142,6 @@ def agreement_by_depth(draft, target, windows: torch.Tensor, mask_token: int, de
     draft.train()
     return {"agreement": [round(sum(values) / len(values), 4) for values in agree],
             "kl_to_target": [round(sum(values) / len(values), 4) for values in kl]}
-
-
-@torch.no_grad()
-def greedy_windows(target, tokens: torch.Tensor, count: int, block: int, prefix: int = 32, seed: int = 0,
-                   batch: int = 64) -> torch.Tensor:
-    """``count`` windows (count, block): a random stretch of ``prefix`` tokens of ``tokens``, then the target's greedy
-    continuation -- the text a greedy verifier accepts, on which a token two or more ahead is a function of the
-    context (the target's argmax, unrolled), where on the corpus it is a guess. Decoded as batches."""
-    from ..decoding import autoregressive_generate
-    from ..sampling import Sampler
-
-    generator = torch.Generator().manual_seed(seed)
-    windows = []
-    for start in range(0, count, batch):
-        starts = torch.randint(0, len(tokens) - prefix, (min(batch, count - start),), generator=generator)
-        prompts = torch.stack([tokens[s:s + prefix] for s in starts.tolist()]).to(target.device)
-        continued = autoregressive_generate(target, prompts, block - prefix, Sampler(0),
-                                            attention_mask=torch.ones_like(prompts)).token_ids  # (rows, block - prefix)
-        windows.append(torch.cat([prompts.cpu(), torch.tensor(continued)], 1))
-    return torch.cat(windows)
-
-
-def corpus_windows(tokens: torch.Tensor, count: int, block: int, seed: int = 0) -> torch.Tensor:
-    """``count`` windows (count, block) of ``tokens`` at random starts: the corpus's own text, mixed into the greedy
-    windows so that the first draft keeps what the draft knew of it (on the grounded prompts a draft adapted on
-    greedy text alone guesses its first token worse than the draft it started from)."""
-    starts = torch.randint(0, len(tokens) - block, (count,), generator=torch.Generator().manual_seed(seed))
-    return torch.stack([tokens[start:start + block] for start in starts.tolist()])
-
-
-def window_batches(windows: torch.Tensor, batch_size: int, generator: torch.Generator):
-    """Endless batches of ``windows`` (count, block) drawn at random: (inputs, targets), the targets unused."""
-    while True:
-        rows = windows[torch.randint(0, len(windows), (batch_size,), generator=generator)]
-        yield rows, rows
 
 
 def train_pard(draft, target, train_tokens, valid_tokens, config, ckpt_dir, device, depths=DEPTHS, ratio=RATIO,
