@@ -48,10 +48,11 @@ def test_the_draft_is_much_smaller_and_shares_the_vocabulary(pair):
 
 
 def test_shipped_weights_are_small():
-    """The pair, its heads and drafts fit 40 MB, and the two PARD drafts the 5 MB more their issue allowed."""
+    """The pair, its heads and drafts fit 40 MB, the draft of each of the draft's two distillations (draft-corpus, the
+    start of the PARD and GliDe drafts: 1.7 MB) 2 MB more, and the two PARD drafts the 5 MB more their issue allowed."""
     total = sum(path.stat().st_size for path in assets_dir("shakespeare").rglob("*.safetensors"))
     pard = sum(path.stat().st_size for path in assets_dir("shakespeare").glob("pard*/*.safetensors"))
-    assert total - pard <= 40e6 and pard <= 5e6
+    assert total - pard <= 42e6 and pard <= 5e6
 
 
 @pytest.mark.parametrize("text", ["ROMEO:\nBut, soft! what light through yonder window breaks?\n",
