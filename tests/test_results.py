@@ -53,9 +53,9 @@ READS = {"eagle3.json": ("target", "eagle", "eagle3")}
 def weight_changes(commit: str, name: str, pair: str) -> list[str]:
     """The files of the models of the built-in ``pair`` that results/``name`` read (weights and configs) that differ
     between ``commit`` and HEAD."""
-    folders = [f"src/specbook/assets/{pair}/{part}" for part in READS.get(name, ("**",))]
-    return git("diff", "--name-only", commit, "HEAD", "--", *(f":(glob){folder}/{file}" for folder in folders
-                                                               for file in ("*.safetensors", "config.json"))).stdout.split()
+    specs = [f":(glob)src/specbook/assets/{pair}/{part}/{file}" for part in READS.get(name, ("**",))
+             for file in ("*.safetensors", "config.json")]
+    return git("diff", "--name-only", commit, "HEAD", "--", *specs).stdout.split()
 
 
 def test_a_docstring_is_not_code():

@@ -220,9 +220,9 @@ position: first on the corpus (`draft-corpus`, the `draft` stage), then on the t
 stage, `specbook.train.greedy`): {greedy_windows} windows of {block} tokens, each a stretch of {prefix} tokens of
 the corpus and the target's greedy continuation, with {corpus_windows} windows of the corpus mixed in. On greedy
 continuations of the held-out plays the draft's argmax agrees with the target's at {agreement:.3f} of the continued
-positions, `draft-corpus`'s at {agreement_before:.3f} (`specbook.train.greedy.greedy_agreement`). `draft-corpus` (the start of the PARD and GliDe
-drafts) and `draft-undistilled`, of the same shape and trained on the text alone, are kept to show what each
-stage buys.
+positions, `draft-corpus`'s at {agreement_before:.3f} (`specbook.train.greedy.greedy_agreement`).
+`draft-corpus` (the start of the PARD and GliDe drafts) and `draft-undistilled`, of the same shape and trained on
+the text alone, are kept to show what each stage buys.
 
 ## Speed and acceptance, measured on held-out prompts
 

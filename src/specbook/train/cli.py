@@ -24,8 +24,8 @@ from .pard import CORPUS, DEPTHS as PARD_DEPTHS, GREEDY, RATIO, train_pard
 
 DESCRIPTION = "Reproducible training of the built-in Shakespeare model pair."
 EXIT_LAYER = 1  # the exit with the best modelled speedup on the built-in target (its training.json, "exit_layers")
-STAGES = ("corpus", "tokenizer", "target", "copy", "draft", "greedy", "medusa", "eagle", "eagle3", "exit", "glide", "mtp",
-          "pard", "card")
+STAGES = ("corpus", "tokenizer", "target", "copy", "draft", "greedy", "medusa", "eagle", "eagle3", "exit", "glide",
+          "mtp", "pard", "card")
 
 
 def main(argv=None):
@@ -304,8 +304,8 @@ def main(argv=None):
         save_head(mtp, out / "mtp", {"config": asdict(config), "hardware": hardware, **state})
     if "glide" in stages:
         config = sized(steps=args.glide_steps, block_size=256, lr=1e-3, warmup=20, seed=args.seed + 9)
-        heldout = train_glide(target, out / "draft-corpus", train_tokens, valid_tokens, config, args.glide_block, work, out,
-                              args.device, {"hardware": hardware}, tokenizer)
+        heldout = train_glide(target, out / "draft-corpus", train_tokens, valid_tokens, config, args.glide_block, work,
+                              out, args.device, {"hardware": hardware}, tokenizer)
         print({name: {key: round(value, 3) for key, value in figures.items()} for name, figures in heldout.items()})
     if "pard" in stages:
         config = sized(steps=args.pard_steps, block_size=256, lr=1e-3, warmup=50, seed=args.seed + 11)

@@ -82,8 +82,9 @@ def train_glide(target, draft_dir, train_tokens, valid_tokens, config, block, wo
                         "final": state["log"][-1]}
         save_model(model, out / name, states[name])
     glide, control = (load_trained(out / name, device) for name in states)
+    started = Path(draft_dir).name  # the draft both were fine-tuned from
     heldout = heldout_acceptance(target, {"glide": GlideDrafter(glide), "glide+cape": GlideDrafter(glide, CaPE()),
-                                          "glide-control": control, Path(draft_dir).name: load_trained(draft_dir, device)},
+                                          "glide-control": control, started: load_trained(draft_dir, device)},
                                  tokenizer, json.loads((out / "heldout_prompts.json").read_text()), k)
     for name, state in states.items():
         state["heldout_greedy"] = {"k": k, "new_tokens": 64, **heldout}

@@ -88,5 +88,6 @@ def distill_on_greedy(draft, target, train_tokens, valid_tokens, config, ckpt_di
                        greedy_windows(target, valid_tokens, 64, config.block_size, prefix, seed=config.seed), prefix)
     start = held_out()  # the corpus-distilled draft's
     state = train_model(draft, train_tokens, valid_tokens, config, ckpt_dir, device, teacher=target,
-                        desc="draft, greedy", evaluate_fn=held_out, data=partial(window_batches, data, config.batch_size))
+                        desc="draft, greedy", evaluate_fn=held_out,
+                        data=partial(window_batches, data, config.batch_size))
     return {**state, "start": start, "greedy_windows": windows, "corpus_windows": corpus, "prefix": prefix}
