@@ -55,6 +55,16 @@ def window_batches(windows: torch.Tensor, batch_size: int, generator: torch.Gene
         yield rows, rows
 
 
+def mixed_batches(target, tokens: torch.Tensor, greedy: int, corpus: int, config, prefix: int = 32):
+    """The training data of a stage on the target's text, for `specbook.train.loop.train_model`'s ``data``: ``greedy``
+    windows of its greedy continuations (`greedy_windows`, seeded by ``config.seed``) and ``corpus`` windows of the
+    corpus (`corpus_windows`, seeded apart from them), ``config.block_size`` tokens each, drawn in batches."""
+    windows = greedy_windows(target, tokens, greedy, config.block_size, prefix, seed=config.seed)
+    if corpus:
+        windows = torch.cat([windows, corpus_windows(tokens, corpus, config.block_size, config.seed + 1)])
+    return partial(window_batches, windows, config.batch_size)
+
+
 @torch.no_grad()
 def greedy_agreement(draft, target, windows: torch.Tensor, prefix: int) -> dict:
     """On ``windows`` (count, block) of `greedy_windows` with that ``prefix``: at every position whose next token is
@@ -74,20 +84,17 @@ def greedy_agreement(draft, target, windows: torch.Tensor, prefix: int) -> dict:
 def distill_on_greedy(draft, target, train_tokens, valid_tokens, config, ckpt_dir, device, windows=WINDOWS,
                       corpus=CORPUS, prefix=PREFIX):
     """Distil ``draft`` (trained in place) again to ``target`` (frozen), KL(q || p) at every position, on ``windows``
-    windows of the target's greedy continuations of the corpus (`greedy_windows`, ``config.block_size`` tokens from
-    a stretch of ``prefix``) and ``corpus`` windows of the corpus itself (`corpus_windows`), evaluated by
+    windows of the target's greedy continuations of the corpus (``config.block_size`` tokens from a stretch of
+    ``prefix``) and ``corpus`` windows of the corpus itself (`mixed_batches`), evaluated by
     `greedy_agreement` on continuations of the held-out text, before (``start``) and during training. Returns the
     training state."""
     if not 0 < prefix < config.block_size:
         raise ValueError(f"prefix must be in [1, block_size - 1] = [1, {config.block_size - 1}], got {prefix}")
     target.to(device)
-    data = greedy_windows(target, train_tokens, windows, config.block_size, prefix, seed=config.seed)
-    if corpus:
-        data = torch.cat([data, corpus_windows(train_tokens, corpus, config.block_size, config.seed + 1)])
+    data = mixed_batches(target, train_tokens, windows, corpus, config, prefix)
     held_out = partial(greedy_agreement, draft, target,
                        greedy_windows(target, valid_tokens, 64, config.block_size, prefix, seed=config.seed), prefix)
     start = held_out()  # the corpus-distilled draft's
     state = train_model(draft, train_tokens, valid_tokens, config, ckpt_dir, device, teacher=target,
-                        desc="draft, greedy", evaluate_fn=held_out,
-                        data=partial(window_batches, data, config.batch_size))
+                        desc="draft, greedy", evaluate_fn=held_out, data=data)
     return {**state, "start": start, "greedy_windows": windows, "corpus_windows": corpus, "prefix": prefix}

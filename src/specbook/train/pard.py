@@ -26,7 +26,7 @@ import torch
 
 from ..drafters.pard import PARD_MAX_K, PARD_TOKEN
 from ..masks import attention_inputs
-from .greedy import corpus_windows, greedy_windows, window_batches
+from .greedy import greedy_windows, mixed_batches
 from .loop import _kl, _kl_rows, train_model
 
 DEPTHS = 8  # the layout's copies: the text and 7 mask depths, for up to 8 drafts a call
@@ -148,9 +148,8 @@ def train_pard(draft, target, train_tokens, valid_tokens, config, ckpt_dir, devi
                greedy=GREEDY, reached=True, corpus=CORPUS):
     """Adapt ``draft`` (a causal LM, trained in place) into a PARD draft of ``depths`` drafts a call for ``target``
     (frozen); ``ratio`` 1 trains without COD. ``greedy``: train on that many windows of the target's greedy
-    continuations (`greedy_windows`) instead of the corpus; ``reached``: each row's loss weighted by its chance of
-    being verified (`reach`); ``corpus``: that many windows of the corpus (`corpus_windows`) mixed into the greedy
-    ones. Returns the training state, with the mask token; the
+    continuations instead of the corpus; ``reached``: each row's loss weighted by its chance of being verified
+    (`reach`); ``corpus``: that many windows of the corpus mixed into the greedy ones (`mixed_batches`). Returns the training state, with the mask token; the
     draft's config gets ``pard_token`` and ``pard_max_k``."""
     mask_token = unused_token(torch.cat([train_tokens, valid_tokens]), draft.config.vocab_size)
     draft.config.update({PARD_TOKEN: mask_token, PARD_MAX_K: depths})
@@ -160,11 +159,7 @@ def train_pard(draft, target, train_tokens, valid_tokens, config, ckpt_dir, devi
     held_out = text_windows(valid_tokens, config.block_size)
     data = None
     if greedy:  # trained and held out on the target's greedy continuations
-        windows = greedy_windows(target, train_tokens, greedy, config.block_size, seed=config.seed)
-        if corpus:
-            windows = torch.cat([windows, corpus_windows(train_tokens, corpus, config.block_size,
-                                                         config.seed + 1)])  # starts apart from the greedy ones
-        data = partial(window_batches, windows, config.batch_size)
+        data = mixed_batches(target, train_tokens, greedy, corpus, config)
         held_out = greedy_windows(target, valid_tokens, len(held_out), config.block_size, seed=config.seed)
     held_out = partial(agreement_by_depth, draft, target, held_out, mask_token, depths)
     state = train_model(draft, train_tokens, valid_tokens, config, ckpt_dir, device, desc="pard", loss_fn=loss,
