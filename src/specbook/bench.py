@@ -246,7 +246,7 @@ def _clock():
 # ----------------------------------------------------------------------------- the book's recorded runs
 
 RECORDED_BY = {  # results/<name>: the command that records it, from the repository's root
-    "family.json": "python -m specbook bench --suite family --json results/family.json",
+    "family.json": "python -m specbook bench --suite family --repeats 5 --json results/family.json",
     "batch.json": "python -m specbook bench --suite batch --batch-sizes 1,2,4,8,16,32 --ks 1,2,3,4 --repeats 5 "
                   "--json results/batch.json",
     "seq2seq.json": "python -m specbook bench --suite seq2seq --ks 2,4,6 --repeats 5 --max-new-tokens 96 "
