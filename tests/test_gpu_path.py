@@ -4,6 +4,8 @@ Every test runs on the CPU (what CI has) and again on a GPU when there is one; t
 checks (no host-device sync while drafting, half precision) skip without CUDA.
 """
 
+import re
+
 import pytest
 import torch
 
@@ -210,7 +212,7 @@ def test_gpu_benchmark_writes_a_complete_results_file(models, device, tmp_path, 
     """The benchmark's results file, on tiny models (on a CPU its numbers mean nothing; its shape is checked)."""
     from types import SimpleNamespace
 
-    from specbook.bench import read_recorded
+    from specbook.bench import RECORDED_BY, read_recorded
     from specbook.gpu import gpu_benchmark, write_results
 
     target, draft = models
@@ -246,7 +248,7 @@ def test_gpu_benchmark_writes_a_complete_results_file(models, device, tmp_path, 
     monkeypatch.chdir(tmp_path)  # any folder: a chapter's, or Colab's
     assert read_recorded("gpu.json") == results
     assert read_recorded("missing.json", required=False) is None
-    with pytest.raises(FileNotFoundError, match="--suite family --json results/family.json"):
+    with pytest.raises(FileNotFoundError, match=re.escape(RECORDED_BY["family.json"])):
         read_recorded("family.json")  # says how to record it
 
 
