@@ -66,7 +66,7 @@ def run_table(pair, args, path):
     frames = []
     for name in (["open", "grounded"] if args.prompts == "both" else [args.prompts]):
         prompts = [pair.encode(text) for text in PROMPT_SETS[name]]
-        rows = benchmark(methods, prompts, args.repeats, args.seed, args.max_new_tokens, sampler)
+        rows = benchmark(methods, prompts, args.repeats, args.seed, args.max_new_tokens, sampler, cost_prompts=prompts)
         frames.append(pd.DataFrame(rows).assign(prompts=name))
     table = pd.concat(frames, ignore_index=True).drop(columns="round_seconds").assign(machine=machine(), **path)
     shown = show_spreads(table.drop(columns=["machine", *path]), ["seconds"], unit=" s", digits=3)
@@ -148,7 +148,7 @@ def _rows_by_category(pair, args, groups_for, samplings=None) -> list[dict]:
     """Time ``groups_for(sampler)`` -- lists of methods, each with its baseline first -- on every kind of text of
     --categories, under each of ``samplings`` (default: greedy and sampled, `_samplings`): one row per method,
     category and sampling, with the cost model's prediction beside the measured time (`specbook.cost_model.benchmark`:
-    its terms timed on the category's prompts, in the benchmark's rounds). A greedy row whose tokens differ
+    its terms timed on the category's first prompt, in the benchmark's rounds). A greedy row whose tokens differ
     from its baseline's stops the run: exactness is checked, not assumed."""
     rows = []
     for sampling, sampler in (samplings or _samplings(args)).items():

@@ -305,11 +305,10 @@ def benchmark(methods, prompts, repeats: int = 3, seed: int = 0, max_new_tokens:
               cost_prompts=None, progress: bool = True) -> list[dict]:
     """`specbook.bench.run_benchmark`'s rows, each with the cost model's prediction beside it (`predicted`), the
     model's terms timed in the benchmark's own rounds, one round of theirs before each of its (on ``cost_prompts``,
-    default the benchmark's prompts: a drafter's terms are per call and per step, pooled over the prompts' steps as
-    the rows' times are, and a prompt on which drafts are rejected makes more steps than one on which they pass),
-    the target's call on every prompt's length among them (its prefill)."""
+    default the first prompt: the terms are per call and per step, the rows give each method's counts), the
+    target's call on every prompt's length among them (its prefill)."""
     lengths = {input_ids.shape[1] for input_ids in prompts}
-    meter, drafters = for_methods(methods, cost_prompts or prompts, max_new_tokens, sampler, seed,
+    meter, drafters = for_methods(methods, cost_prompts or prompts[:1], max_new_tokens, sampler, seed,
                                   sorted(set(POSITIONS) | lengths))
     if meter is not None:
         meter()  # its untimed round
